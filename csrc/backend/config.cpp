@@ -1,0 +1,91 @@
+#include "backend/config.h"
+
+#include <cctype>
+#include <cstdlib>
+#include <sstream>
+
+#include "common/error.h"
+#include "transport/transport.h"
+
+namespace ringreduce {
+
+namespace {
+
+// "65536", "64K", "4M": a byte count with an optional binary suffix.
+uint64_t parse_bytes(const char* var, const char* text) {
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long v = std::strtoull(text, &end, 10);
+  RR_CHECK(end != text && errno == 0, "ringreduce: ", var, "=", text, " is not a byte count");
+  uint64_t mult = 1;
+  if (*end) {
+    const char s = static_cast<char>(std::toupper(static_cast<unsigned char>(*end)));
+    mult = s == 'K' ? 1ull << 10 : s == 'M' ? 1ull << 20 : s == 'G' ? 1ull << 30 : 0;
+    const char* rest = end + 1;
+    if (*rest == 'i' || *rest == 'I') ++rest;
+    if (*rest == 'b' || *rest == 'B') ++rest;
+    RR_CHECK(mult != 0 && *rest == '\0', "ringreduce: ", var, "=", text,
+             " is not a byte count (use digits with an optional K, M or G)");
+  }
+  return v * mult;
+}
+
+uint64_t parse_uint(const char* var, const char* text) {
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long v = std::strtoull(text, &end, 10);
+  RR_CHECK(end != text && *end == '\0' && errno == 0, "ringreduce: ", var, "=", text,
+           " is not a non-negative integer");
+  return v;
+}
+
+}  // namespace
+
+Config Config::from_env() {
+  Config c;
+  if (const char* v = std::getenv("RINGREDUCE_SLICE_BYTES")) {
+    const uint64_t b = parse_bytes("RINGREDUCE_SLICE_BYTES", v);
+    RR_CHECK(b >= 64 && b <= (64ull << 20) && b % 64 == 0, "ringreduce: RINGREDUCE_SLICE_BYTES=", v,
+             " must be a multiple of 64 between 64 and 64M");
+    c.slice_bytes = b;
+  }
+  if (const char* v = std::getenv("RINGREDUCE_SLOTS")) {
+    const uint64_t s = parse_uint("RINGREDUCE_SLOTS", v);
+    RR_CHECK(s >= 1 && s <= 64, "ringreduce: RINGREDUCE_SLOTS=", v, " must be between 1 and 64");
+    c.slots = static_cast<uint32_t>(s);
+  }
+  if (const char* v = std::getenv("RINGREDUCE_SPIN_US")) {
+    const uint64_t us = parse_uint("RINGREDUCE_SPIN_US", v);
+    RR_CHECK(us <= 1000000, "ringreduce: RINGREDUCE_SPIN_US=", v, " must be at most 1000000");
+    c.spin = std::chrono::microseconds(us);
+  }
+  return c;
+}
+
+Config Config::agree(Bootstrap& bs, int rank) const {
+  const std::string key = "ringreduce/config";
+  std::string text;
+  if (rank == 0) {
+    std::ostringstream s;
+    s << slice_bytes << ' ' << slots << ' ' << spin.count();
+    text = s.str();
+    bs.set(key, text);
+  } else {
+    text = bs.get(key);
+  }
+  std::istringstream in(text);
+  Config c;
+  long long spin_us = 0;
+  in >> c.slice_bytes >> c.slots >> spin_us;
+  RR_CHECK(!in.fail(), "ringreduce: rank ", rank, " read a malformed config from the store: '", text, "'");
+  c.spin = std::chrono::microseconds(spin_us);
+  return c;
+}
+
+std::string Config::to_string() const {
+  std::ostringstream s;
+  s << "slice_bytes=" << slice_bytes << " slots=" << slots << " spin_us=" << spin.count();
+  return s.str();
+}
+
+}  // namespace ringreduce

@@ -1,0 +1,77 @@
+#include "backend/op_queue.h"
+
+#include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
+
+#include "common/error.h"
+
+namespace ringreduce {
+
+OpQueue::OpQueue() : thread_([this] { loop(); }) {}
+
+OpQueue::~OpQueue() { drain(); }
+
+void OpQueue::push(c10::intrusive_ptr<RingWork> work, std::function<void()> body) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    RR_CHECK(!stopping_, "ringreduce ", work->op_name(), " #", work->seq(),
+             ": the process group has been shut down");
+    tasks_.push_back(Task{std::move(work), std::move(body)});
+  }
+  cv_.notify_one();
+}
+
+void OpQueue::drain() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  join();
+}
+
+void OpQueue::cancel(const std::string& why) {
+  std::deque<Task> orphans;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    orphans.swap(tasks_);
+  }
+  cv_.notify_all();
+  for (auto& t : orphans) {
+    t.work->complete(as_dist_error(std::make_exception_ptr(
+        Error(detail::cat("ringreduce ", t.work->op_name(), " #", t.work->seq(),
+                          ": cancelled before it ran: ", why)))));
+  }
+  join();
+}
+
+void OpQueue::join() {
+  std::lock_guard<std::mutex> lock(join_mu_);
+  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+}
+
+void OpQueue::loop() {
+  // Collectives write into tensors that may require grad (DDP's buckets, parameters): autograd
+  // must not see these writes, as with every other backend.
+  at::NoGradGuard no_grad;
+  for (;;) {
+    Task task;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
+      if (tasks_.empty()) return;  // stopping, nothing left
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+    }
+    std::exception_ptr error;
+    try {
+      task.body();
+    } catch (...) {
+      error = as_dist_error(std::current_exception());
+    }
+    task.work->complete(error);
+  }
+}
+
+}  // namespace ringreduce

@@ -1,0 +1,52 @@
+// The per-group op queue and its progress thread.
+//
+// Ops run one at a time in the order they were issued. Every rank issues a group's ops in the same
+// order (torch.distributed's contract), so every rank runs them in the same order too, which is
+// what lets the ring match messages by position instead of by tag.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "backend/work.h"
+
+namespace ringreduce {
+
+class OpQueue {
+ public:
+  OpQueue();
+  ~OpQueue();  // drain()
+
+  // Runs `body` on the progress thread after everything queued before it, then completes `work`
+  // with its outcome. Throws if the queue was shut down.
+  void push(c10::intrusive_ptr<RingWork> work, std::function<void()> body);
+
+  // Stops taking ops, lets the queued ones run (each keeps its own deadline) and joins the thread.
+  // Idempotent.
+  void drain();
+  // Stops taking ops, fails the queued ones with `why`, waits for the running one (abort the
+  // transport first so that it ends promptly) and joins the thread. Idempotent.
+  void cancel(const std::string& why);
+
+ private:
+  struct Task {
+    c10::intrusive_ptr<RingWork> work;
+    std::function<void()> body;
+  };
+  void loop();
+  void join();
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Task> tasks_;
+  bool stopping_ = false;  // no more pushes; the thread exits once tasks_ is empty
+  std::mutex join_mu_;     // drain() and cancel() may race (abort from another thread)
+  std::thread thread_;
+};
+
+}  // namespace ringreduce

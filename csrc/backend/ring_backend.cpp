@@ -1,0 +1,244 @@
+#include "backend/ring_backend.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <optional>
+
+#include "backend/store_bootstrap.h"
+#include "common/error.h"
+#include "reduce/reduce.h"
+#include "ring/ring.h"
+#include "transport/shm/shm_transport.h"
+
+namespace ringreduce {
+
+namespace {
+
+// The torch layer's one dtype dispatch point: at::ScalarType to the core's tag.
+std::optional<DType> core_dtype(at::ScalarType s) {
+  switch (s) {
+    case at::kFloat: return DType::Float32;
+    case at::kDouble: return DType::Float64;
+    case at::kHalf: return DType::Float16;
+    case at::kBFloat16: return DType::BFloat16;
+    case at::kChar: return DType::Int8;
+    case at::kByte: return DType::UInt8;
+    case at::kShort: return DType::Int16;
+    case at::kInt: return DType::Int32;
+    case at::kLong: return DType::Int64;
+    case at::kBool: return DType::Bool;
+    case at::kComplexFloat: return DType::Complex64;
+    case at::kComplexDouble: return DType::Complex128;
+    default: return std::nullopt;
+  }
+}
+
+// What a c10d::ReduceOp means for the ring: a kernel op, plus AVG's divisor or PREMUL_SUM's factor.
+struct Reduction {
+  RedOp op = RedOp::Sum;
+  int64_t divisor = 1;
+  std::optional<double> premul;
+};
+
+[[noreturn]] void fail(const std::string& msg) { C10_THROW_ERROR(DistBackendError, msg); }
+
+}  // namespace
+
+RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                         std::chrono::milliseconds timeout)
+    : c10d::Backend(rank, size), timeout_(timeout) {
+  try {
+    StoreBootstrap bs(store);
+    config_ = Config::from_env().agree(bs, rank);
+    ShmConfig shm;
+    shm.slot_bytes = config_.slice_bytes;
+    shm.nslots = config_.slots;
+    shm.spin = config_.spin;
+    transport_ = std::make_unique<ShmTransport>(bs, rank, size, shm);
+    ring_ = std::make_unique<Ring>(*transport_, config_.slice_bytes);
+  } catch (const c10::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    fail(detail::cat("ringreduce: rank ", rank, " could not set up the process group: ", e.what()));
+  }
+}
+
+RingBackend::~RingBackend() { queue_.drain(); }
+
+std::vector<std::string> RingBackend::linked_segments() const {
+  return transport_->linked_segments();
+}
+
+void RingBackend::setTimeout(std::chrono::milliseconds timeout) {
+  std::lock_guard<std::mutex> lock(mu_);
+  timeout_ = timeout;
+}
+
+uint64_t RingBackend::getSequenceNumberForGroup() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return next_seq_;
+}
+
+void RingBackend::abort() {
+  transport_->abort(detail::cat("rank ", rank_, " aborted the process group"));
+  queue_.cancel("the process group was aborted");
+}
+
+void RingBackend::shutdown() { queue_.drain(); }
+
+c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const char* name,
+                                                    std::vector<at::Tensor> outputs,
+                                                    std::chrono::milliseconds timeout, Body body) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t seq = next_seq_;
+  const std::chrono::milliseconds t = timeout == c10d::kUnsetTimeout ? timeout_ : timeout;
+  auto work = c10::make_intrusive<RingWork>(rank_, type, name, seq, std::move(outputs));
+  queue_.push(work, [body = std::move(body), name, seq, t] {
+    OpContext ctx;
+    ctx.name = name;
+    ctx.seq = seq;
+    ctx.timeout = t;
+    // The deadline starts when the op starts: time spent queued behind earlier ops is theirs.
+    body(ctx, Deadline::after(t));
+  });
+  ++next_seq_;  // only once queued: a rejected op must not shift later sequence numbers
+  return work;
+}
+
+namespace {
+
+// One CPU tensor, strided, of a dtype ringreduce handles: anything else fails here, at the call.
+at::Tensor single_cpu_tensor(const std::vector<at::Tensor>& tensors, const char* op, int rank) {
+  if (tensors.size() != 1) {
+    fail(detail::cat("ringreduce ", op, ": rank ", rank, ": expected exactly one tensor, got ",
+                     tensors.size(), " (ringreduce runs one device per rank)"));
+  }
+  const at::Tensor& t = tensors[0];
+  if (!t.defined()) fail(detail::cat("ringreduce ", op, ": rank ", rank, ": the tensor is undefined"));
+  if (t.layout() != at::kStrided) {
+    fail(detail::cat("ringreduce ", op, ": rank ", rank, ": ", t.layout(),
+                     " tensors are not supported, only dense (strided) ones"));
+  }
+  if (!t.device().is_cpu()) {
+    fail(detail::cat("ringreduce ", op, ": rank ", rank, ": got a tensor on ", t.device(),
+                     "; this build of ringreduce handles CPU tensors only"));
+  }
+  return t;
+}
+
+DType checked_dtype(const at::Tensor& t, const char* op, int rank) {
+  const auto d = core_dtype(t.scalar_type());
+  if (!d) {
+    fail(detail::cat("ringreduce ", op, ": rank ", rank, ": dtype ", t.scalar_type(),
+                     " is not supported (supported: float32, float64, float16, bfloat16, int8, "
+                     "uint8, int16, int32, int64, bool, complex64, complex128)"));
+  }
+  return *d;
+}
+
+Reduction checked_reduction(const c10d::ReduceOp& rop, DType d, const char* op, int rank, int size) {
+  Reduction r;
+  switch (rop.op_) {
+    case c10d::ReduceOp::SUM: r.op = RedOp::Sum; break;
+    case c10d::ReduceOp::PRODUCT: r.op = RedOp::Prod; break;
+    case c10d::ReduceOp::MIN: r.op = RedOp::Min; break;
+    case c10d::ReduceOp::MAX: r.op = RedOp::Max; break;
+    case c10d::ReduceOp::BAND: r.op = RedOp::BAnd; break;
+    case c10d::ReduceOp::BOR: r.op = RedOp::BOr; break;
+    case c10d::ReduceOp::BXOR: r.op = RedOp::BXor; break;
+    case c10d::ReduceOp::AVG:
+      if (d == DType::Bool) {
+        fail(detail::cat("ringreduce ", op, ": rank ", rank, ": AVG is not defined on bool tensors"));
+      }
+      r.divisor = size;
+      break;
+    case c10d::ReduceOp::PREMUL_SUM: {
+      if (!is_floating(d) && !is_complex(d)) {
+        fail(detail::cat("ringreduce ", op, ": rank ", rank, ": PREMUL_SUM needs a floating-point ",
+                         "or complex tensor, got ", dtype_name(d)));
+      }
+      const auto* supp = dynamic_cast<const c10d::PreMulSumSupplement*>(rop.supplement_.get());
+      if (supp == nullptr) {
+        fail(detail::cat("ringreduce ", op, ": rank ", rank,
+                         ": PREMUL_SUM without a factor (make it with _make_nccl_premul_sum)"));
+      }
+      if (supp->tensor_factor.defined()) {
+        if (supp->tensor_factor.numel() != 1) {
+          fail(detail::cat("ringreduce ", op, ": rank ", rank, ": PREMUL_SUM's factor tensor has ",
+                           supp->tensor_factor.numel(), " elements, expected 1"));
+        }
+        r.premul = supp->tensor_factor.to(at::kCPU).item<double>();
+      } else {
+        r.premul = supp->double_factor;
+      }
+      break;
+    }
+    default:
+      fail(detail::cat("ringreduce ", op, ": rank ", rank, ": reduce op ", static_cast<int>(rop.op_),
+                       " is not supported"));
+  }
+  if (const char* why = unsupported_reason(d, r.op)) {
+    fail(detail::cat("ringreduce ", op, ": rank ", rank, ": ", redop_name(r.op), " on ",
+                     dtype_name(d), ": ", why));
+  }
+  return r;
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> RingBackend::allreduce(std::vector<at::Tensor>& tensors,
+                                                      const c10d::AllreduceOptions& opts) {
+  const char* name = "allreduce";
+  at::Tensor t = single_cpu_tensor(tensors, name, rank_);
+  const DType d = checked_dtype(t, name, rank_);
+  const Reduction red = checked_reduction(opts.reduceOp, d, name, rank_, size_);
+
+  at::NoGradGuard no_grad;
+  // The ring works on contiguous memory. For a strided tensor it works on a private copy (owned
+  // by this op) and writes the result back only on success, so a failure leaves the caller's
+  // tensor as it was.
+  at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
+  // PREMUL_SUM scales this rank's contribution before the sum, into a tensor owned by the op.
+  at::Tensor in = red.premul ? buf.mul(*red.premul) : buf;
+  return enqueue(c10d::OpType::ALLREDUCE, name, {t}, opts.timeout,
+                 [this, t, buf, in, d, red](const OpContext& ctx, const Deadline& dl) {
+                   ring_->allreduce(in.data_ptr(), buf.data_ptr(), static_cast<size_t>(buf.numel()),
+                                    d, red.op, red.divisor, ctx, dl);
+                   if (!buf.is_same(t)) t.copy_(buf);
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> RingBackend::broadcast(std::vector<at::Tensor>& tensors,
+                                                      const c10d::BroadcastOptions& opts) {
+  const char* name = "broadcast";
+  at::Tensor t = single_cpu_tensor(tensors, name, rank_);
+  if (opts.rootRank < 0 || opts.rootRank >= size_) {
+    fail(detail::cat("ringreduce broadcast: rank ", rank_, ": root ", opts.rootRank,
+                     " is not a rank of this group (size ", size_, ")"));
+  }
+  if (opts.rootTensor != 0) {
+    fail(detail::cat("ringreduce broadcast: rank ", rank_, ": root tensor ", opts.rootTensor,
+                     " does not exist: one tensor per rank"));
+  }
+  // Broadcast only moves bytes, so any dtype works: types the kernels do not know travel as bytes.
+  const auto known = core_dtype(t.scalar_type());
+  const DType d = known.value_or(DType::UInt8);
+  const size_t count = known ? static_cast<size_t>(t.numel()) : t.numel() * t.element_size();
+  const int root = static_cast<int>(opts.rootRank);
+
+  at::NoGradGuard no_grad;
+  at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
+  return enqueue(c10d::OpType::BROADCAST, name, {t}, opts.timeout,
+                 [this, t, buf, d, count, root](const OpContext& ctx, const Deadline& dl) {
+                   ring_->broadcast(buf.data_ptr(), count, d, root, ctx, dl);
+                   if (!buf.is_same(t) && rank_ != root) t.copy_(buf);
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> RingBackend::barrier(const c10d::BarrierOptions& opts) {
+  return enqueue(c10d::OpType::BARRIER, "barrier", {}, opts.timeout,
+                 [this](const OpContext& ctx, const Deadline& dl) { ring_->barrier(ctx, dl); });
+}
+
+}  // namespace ringreduce

@@ -1,0 +1,73 @@
+// ringreduce as a c10d::Backend: what torch.distributed calls when a group uses "ringreduce".
+//
+// Each call validates its tensors on the caller's thread (so bad input fails at the call, on this
+// rank, without touching the group), assigns the op its sequence number and queues it for the
+// group's progress thread, which runs the ring over the transport. The returned Work completes when
+// the op has.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "backend/config.h"
+#include "backend/op_queue.h"
+#include "backend/work.h"
+#include "common/deadline.h"
+
+namespace ringreduce {
+
+class ShmTransport;
+class Ring;
+
+class RingBackend final : public c10d::Backend {
+ public:
+  // Collective: every rank of the group constructs its backend at once (init_process_group /
+  // new_group do). Sets up the transport through `store`.
+  RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+              std::chrono::milliseconds timeout);
+  ~RingBackend() override;
+
+  const std::string getBackendName() const override { return "ringreduce"; }
+
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+
+  void setTimeout(std::chrono::milliseconds timeout) override;
+  uint64_t getSequenceNumberForGroup() override;
+  void setSequenceNumberForGroup() override {}  // starts at 0 on every rank already
+  // Ends the op in flight (it fails with the reason) and every queued one; the group is unusable
+  // afterwards.
+  void abort() override;
+  // Lets queued ops finish, then stops the progress thread.
+  void shutdown() override;
+
+  const Config& config() const { return config_; }
+  // Segments this group created and still has linked in /dev/shm (empty once set up).
+  std::vector<std::string> linked_segments() const;
+
+ private:
+  using Body = std::function<void(const OpContext&, const Deadline&)>;
+  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* name,
+                                         std::vector<at::Tensor> outputs,
+                                         std::chrono::milliseconds timeout, Body body);
+
+  Config config_;
+  std::unique_ptr<ShmTransport> transport_;
+  std::unique_ptr<Ring> ring_;
+  std::mutex mu_;  // orders sequence numbers with queue order when several threads issue ops
+  uint64_t next_seq_ = 0;
+  std::chrono::milliseconds timeout_;
+  OpQueue queue_;  // last member: its thread stops before the ring and transport go away
+};
+
+}  // namespace ringreduce

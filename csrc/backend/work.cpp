@@ -1,0 +1,67 @@
+#include "backend/work.h"
+
+#include <ATen/core/jit_type.h>
+#include <c10/util/Exception.h>
+
+#include "common/error.h"
+
+namespace ringreduce {
+
+RingWork::RingWork(int rank, c10d::OpType type, const char* op_name, uint64_t seq,
+                   std::vector<at::Tensor> outputs)
+    : c10d::Work(rank, type),
+      op_name_(op_name),
+      seq_(seq),
+      rank_(rank),
+      outputs_(std::move(outputs)),
+      future_(c10::make_intrusive<c10::ivalue::Future>(
+          c10::ListType::create(c10::TensorType::get()))) {}
+
+bool RingWork::wait(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (timeout == kNoTimeout) {
+    cv_.wait(lock, [this] { return completed_; });
+  } else if (!cv_.wait_for(lock, timeout, [this] { return completed_; })) {
+    C10_THROW_ERROR(DistBackendError,
+                    detail::cat("ringreduce ", op_name_, " #", seq_, ": rank ", rank_,
+                                ": Work.wait timed out after ", timeout.count(),
+                                " ms; the op is still running and keeps its own deadline"));
+  }
+  if (exception_) std::rethrow_exception(exception_);
+  return true;
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> RingWork::getFuture() { return future_; }
+
+std::vector<at::Tensor> RingWork::result() { return outputs_; }
+
+void RingWork::complete(std::exception_ptr error) {
+  finish(error);  // wakes wait() before the future's callbacks run on this thread
+  if (error) {
+    future_->setError(error);
+  } else {
+    future_->markCompleted(c10::IValue(outputs_));
+  }
+}
+
+std::exception_ptr as_dist_error(std::exception_ptr e) {
+  std::string msg;
+  try {
+    std::rethrow_exception(e);
+  } catch (const c10::DistBackendError&) {
+    return e;
+  } catch (const c10::Error& err) {
+    msg = err.what_without_backtrace();
+  } catch (const std::exception& err) {
+    msg = err.what();
+  } catch (...) {
+    msg = "ringreduce: unknown error";
+  }
+  try {
+    C10_THROW_ERROR(DistBackendError, msg);
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
+}  // namespace ringreduce

@@ -1,0 +1,45 @@
+// The Work handed back by every ringreduce op.
+//
+// Completed by the group's progress thread; wait() blocks the caller (CPU tensors: there is no
+// stream to wait on) and re-raises the op's error; the future's value is the output tensor list,
+// which torch's DDP and comm hooks rely on.
+#pragma once
+
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <chrono>
+#include <exception>
+#include <vector>
+
+namespace ringreduce {
+
+class RingWork final : public c10d::Work {
+ public:
+  RingWork(int rank, c10d::OpType type, const char* op_name, uint64_t seq,
+           std::vector<at::Tensor> outputs);
+
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  std::vector<at::Tensor> result() override;
+  uint64_t getSequencenumber() const override { return seq_; }
+
+  // Called once, by the progress thread. `error` is null on success.
+  void complete(std::exception_ptr error);
+
+  const char* op_name() const { return op_name_; }
+  uint64_t seq() const { return seq_; }
+
+ private:
+  const char* op_name_;
+  uint64_t seq_;
+  int rank_;
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+// Turns whatever an op threw into the c10::DistBackendError that Python sees as
+// torch.distributed.DistBackendError, keeping the message.
+std::exception_ptr as_dist_error(std::exception_ptr e);
+
+}  // namespace ringreduce

@@ -1,0 +1,32 @@
+// Reduction and copy kernels over raw pointers (CPU).
+//
+// The ring calls these on one slice at a time, so each call is a few hundred KiB at most and the
+// data is usually in cache; they are written as plain loops over restrict pointers that the
+// compiler vectorises, with one dtype/op dispatch point in reduce_cpu.cpp.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/dtype.h"
+
+namespace ringreduce {
+
+// dst[i] = a[i] op b[i] for i in [0, n). dst may be a or b (exactly), but must not otherwise overlap
+// them. fp16/bf16 are computed in fp32 and rounded to nearest even once. Throws ringreduce::Error if
+// op is not defined on t (see unsupported_reason).
+void reduce(void* dst, const void* a, const void* b, size_t n, DType t, RedOp op);
+
+// dst[i] = src[i] / divisor (the last step of AVG). Floating and complex types divide in their own
+// precision (fp16/bf16 in fp32); integer types truncate toward zero, as C++ and NCCL do. bool is
+// rejected. dst may be src.
+void divide(void* dst, const void* src, size_t n, DType t, int64_t divisor);
+
+// dst[i] = src[i] * factor (PREMUL_SUM's pre-scaling). Floating and complex types only.
+void scale(void* dst, const void* src, size_t n, DType t, double factor);
+
+// memcpy for slices. `streaming` asks for non-temporal stores: use it when dst will not be read
+// again soon (the caller's output buffer), never for data a peer is about to read.
+void copy(void* dst, const void* src, size_t bytes, bool streaming = false);
+
+}  // namespace ringreduce

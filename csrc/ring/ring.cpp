@@ -1,0 +1,231 @@
+#include "ring/ring.h"
+
+#include <algorithm>
+#include <string>
+
+#include "common/error.h"
+#include "reduce/reduce.h"
+
+namespace ringreduce {
+
+namespace {
+
+// Writes to the caller's output that will not be read again soon go around the cache once the op
+// is too big to stay in it anyway: that saves the read-for-ownership of every output line.
+constexpr size_t kStreamingOutputBytes = 4u << 20;
+
+size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
+
+// The [offset, offset+len) elements of slice j of chunk c, when `count` elements are cut into
+// `n` chunks of `chunk` elements (the last ones shorter or empty) and chunks into slices of
+// `slice` elements.
+struct Span {
+  size_t offset;
+  size_t len;
+};
+Span slice_of(size_t count, size_t chunk, size_t slice, int c, size_t j) {
+  const size_t chunk_begin = std::min(count, static_cast<size_t>(c) * chunk);
+  const size_t chunk_end = std::min(count, chunk_begin + chunk);
+  const size_t lo = std::min(chunk_end, chunk_begin + j * slice);
+  const size_t hi = std::min(chunk_end, lo + slice);
+  return {lo, hi - lo};
+}
+
+std::string describe(const MsgHeader& h) {
+  if (h.kind == 0 && h.seq == 0 && h.count == 0) return "an empty message";
+  std::string s = detail::cat(op_kind_name(static_cast<OpKind>(h.kind)), " #", h.seq, " of ",
+                              h.count, " ", dtype_name(static_cast<DType>(h.dtype)));
+  if (static_cast<OpKind>(h.kind) == OpKind::Allreduce) {
+    s += detail::cat(" (", redop_name(static_cast<RedOp>(h.redop & 0x7f)),
+                     (h.redop & 0x80) ? ", averaged" : "", ")");
+  }
+  if (h.root >= 0) s += detail::cat(" from root ", h.root);
+  return s;
+}
+
+}  // namespace
+
+const char* op_kind_name(OpKind k) {
+  switch (k) {
+    case OpKind::Allreduce: return "allreduce";
+    case OpKind::Broadcast: return "broadcast";
+    case OpKind::Barrier: return "barrier";
+  }
+  return "unknown op";
+}
+
+Ring::Ring(Transport& transport, size_t slice_bytes)
+    : t_(transport), rank_(transport.rank()), size_(transport.size()),
+      slice_bytes_(std::min(slice_bytes, transport.max_payload())) {
+  RR_CHECK(slice_bytes_ >= 16, "ringreduce ring: slice size must be at least 16 bytes, got ",
+           slice_bytes_);
+}
+
+MsgHeader Ring::fingerprint(const OpContext& ctx, OpKind kind, size_t count, DType t,
+                            uint8_t redop, int root) const {
+  MsgHeader h;
+  h.seq = ctx.seq;
+  h.count = count;
+  h.kind = static_cast<uint32_t>(kind);
+  h.dtype = static_cast<uint8_t>(t);
+  h.redop = redop;
+  h.root = static_cast<int16_t>(root);
+  return h;
+}
+
+const void* Ring::recv_checked(int peer, const MsgHeader& expect, size_t bytes,
+                               const OpContext& ctx, const Deadline& dl) {
+  MsgHeader got;
+  const void* payload = t_.recv_begin(peer, &got, ctx, dl);
+  const bool same_op = got.seq == expect.seq && got.kind == expect.kind &&
+                       got.count == expect.count && got.dtype == expect.dtype &&
+                       got.redop == expect.redop && got.root == expect.root;
+  if (!same_op || got.bytes != bytes) {
+    const std::string msg = detail::cat(
+        "ringreduce ", ctx.name, " #", ctx.seq, ": rank ", rank_, " and rank ", peer,
+        " called different collectives: rank ", peer, " sent ", describe(got), ", rank ", rank_,
+        " is in ", describe(expect),
+        same_op ? detail::cat(" (message of ", got.bytes, " bytes where ", bytes, " were expected)")
+                : std::string());
+    t_.abort(msg);
+    throw Error(msg);
+  }
+  return payload;
+}
+
+void Ring::send_done(int peer, MsgHeader hdr, size_t bytes) {
+  hdr.bytes = bytes;
+  t_.send_end(peer, hdr);
+}
+
+void Ring::allreduce(const void* in_ptr, void* out_ptr, size_t count, DType t, RedOp op,
+                     int64_t divisor, const OpContext& ctx, const Deadline& dl) {
+  const auto* in = static_cast<const uint8_t*>(in_ptr);
+  auto* out = static_cast<uint8_t*>(out_ptr);
+  const size_t es = dtype_size(t);
+  const int n = size_;
+  const int r = rank_;
+  if (n == 1) {
+    if (in != out && count > 0) copy(out, in, count * es);
+    if (divisor != 1 && count > 0) divide(out, out, count, t, divisor);
+    return;
+  }
+
+  const int next = (r + 1) % n;
+  const int prev = (r + n - 1) % n;
+  const size_t chunk = ceil_div(count, static_cast<size_t>(n));
+  const size_t slice = std::max<size_t>(1, slice_bytes_ / es);
+  // Even an empty op exchanges one round of (empty) messages, so that a rank whose count differs
+  // from its neighbour's hears about it instead of returning while the neighbour waits.
+  const size_t nslices = std::max<size_t>(1, ceil_div(chunk, slice));
+  const bool streaming = count * es >= kStreamingOutputBytes;
+  const MsgHeader fp = fingerprint(ctx, OpKind::Allreduce, count, t,
+                                   static_cast<uint8_t>(op) | (divisor != 1 ? 0x80 : 0), -1);
+  auto mod = [n](int x) { return ((x % n) + n) % n; };
+
+  for (size_t j = 0; j < nslices; ++j) {
+    // Reduce-scatter. At step s rank r forwards the partial sum of chunk r-s, to which it has
+    // just added its own input; after n-1 steps it holds the full result for chunk r+1.
+    {
+      const Span sp = slice_of(count, chunk, slice, r, j);
+      void* dst = t_.send_begin(next, ctx, dl);
+      if (sp.len) copy(dst, in + sp.offset * es, sp.len * es);
+      send_done(next, fp, sp.len * es);
+    }
+    for (int s = 1; s < n - 1; ++s) {
+      const Span sp = slice_of(count, chunk, slice, mod(r - s), j);
+      const void* src = recv_checked(prev, fp, sp.len * es, ctx, dl);
+      void* dst = t_.send_begin(next, ctx, dl);
+      if (sp.len) reduce(dst, src, in + sp.offset * es, sp.len, t, op);
+      send_done(next, fp, sp.len * es);
+      t_.recv_end(prev);
+    }
+    // Last reduce-scatter step, fused with the first all-gather step: finish chunk r+1, keep it
+    // and send it on. The result is computed into the outgoing slot (in cache) and copied out.
+    {
+      const Span sp = slice_of(count, chunk, slice, mod(r + 1), j);
+      const void* src = recv_checked(prev, fp, sp.len * es, ctx, dl);
+      void* dst = t_.send_begin(next, ctx, dl);
+      if (sp.len) {
+        reduce(dst, src, in + sp.offset * es, sp.len, t, op);
+        if (divisor != 1) divide(dst, dst, sp.len, t, divisor);
+        copy(out + sp.offset * es, dst, sp.len * es, streaming);
+      }
+      send_done(next, fp, sp.len * es);
+      t_.recv_end(prev);
+    }
+    // All-gather. At step s rank r receives chunk r-s+1, finished by rank r-s, and forwards it
+    // unless its successor is the rank that finished it.
+    for (int s = 1; s < n - 1; ++s) {
+      const Span sp = slice_of(count, chunk, slice, mod(r - s + 1), j);
+      const void* src = recv_checked(prev, fp, sp.len * es, ctx, dl);
+      void* dst = t_.send_begin(next, ctx, dl);
+      if (sp.len) {
+        copy(dst, src, sp.len * es);
+        copy(out + sp.offset * es, src, sp.len * es, streaming);
+      }
+      send_done(next, fp, sp.len * es);
+      t_.recv_end(prev);
+    }
+    {
+      const Span sp = slice_of(count, chunk, slice, mod(r + 2), j);
+      const void* src = recv_checked(prev, fp, sp.len * es, ctx, dl);
+      if (sp.len) copy(out + sp.offset * es, src, sp.len * es, streaming);
+      t_.recv_end(prev);
+    }
+  }
+}
+
+void Ring::broadcast(void* buf_ptr, size_t count, DType t, int root, const OpContext& ctx,
+                     const Deadline& dl) {
+  RR_CHECK(root >= 0 && root < size_, "ringreduce ", ctx.name, ": rank ", rank_, ": root ", root,
+           " is not a rank of this group (size ", size_, ")");
+  const int n = size_;
+  if (n == 1) return;
+  auto* buf = static_cast<uint8_t*>(buf_ptr);
+  const size_t es = dtype_size(t);
+  const int next = (rank_ + 1) % n;
+  const int prev = (rank_ + n - 1) % n;
+  const int pos = (rank_ - root + n) % n;  // distance from the root along the chain
+  const size_t slice = std::max<size_t>(1, slice_bytes_ / es);
+  const size_t nslices = std::max<size_t>(1, ceil_div(count, slice));
+  const bool streaming = count * es >= kStreamingOutputBytes;
+  const MsgHeader fp = fingerprint(ctx, OpKind::Broadcast, count, t, 0, root);
+
+  for (size_t j = 0; j < nslices; ++j) {
+    const size_t off = std::min(count, j * slice);
+    const size_t len = std::min(count - off, slice);
+    if (pos == 0) {
+      void* dst = t_.send_begin(next, ctx, dl);
+      if (len) copy(dst, buf + off * es, len * es);
+      send_done(next, fp, len * es);
+    } else {
+      const void* src = recv_checked(prev, fp, len * es, ctx, dl);
+      if (pos < n - 1) {  // forward before writing our copy: the successor starts sooner
+        void* dst = t_.send_begin(next, ctx, dl);
+        if (len) copy(dst, src, len * es);
+        send_done(next, fp, len * es);
+      }
+      if (len) copy(buf + off * es, src, len * es, streaming);
+      t_.recv_end(prev);
+    }
+  }
+}
+
+void Ring::barrier(const OpContext& ctx, const Deadline& dl) {
+  const int n = size_;
+  if (n == 1) return;
+  const int next = (rank_ + 1) % n;
+  const int prev = (rank_ + n - 1) % n;
+  const MsgHeader fp = fingerprint(ctx, OpKind::Barrier, 0, DType::UInt8, 0, -1);
+  // After step s a rank has heard, through its predecessor, from the s ranks before it; n-1 steps
+  // cover the whole group.
+  for (int s = 0; s < n - 1; ++s) {
+    t_.send_begin(next, ctx, dl);
+    send_done(next, fp, 0);
+    recv_checked(prev, fp, 0, ctx, dl);
+    t_.recv_end(prev);
+  }
+}
+
+}  // namespace ringreduce

@@ -1,0 +1,302 @@
+#include "transport/shm/shm_transport.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <random>
+
+#include "common/error.h"
+
+namespace ringreduce {
+
+namespace {
+
+constexpr uint64_t kMagic = 0x7272696e67726564ULL;  // "rringred"
+constexpr size_t kPage = 4096;
+constexpr size_t kSlotHeaderBytes = 64;  // MsgHeader, padded so payloads start 64-byte aligned
+constexpr size_t kReasonBytes = 2048;
+// Sleep at most this long at a time, so a wait notices its deadline and a stopped peer's abort
+// even if no wake-up reaches it.
+constexpr std::chrono::milliseconds kMaxSleep{100};
+
+size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
+
+std::string hex64(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016" PRIx64, v);
+  return buf;
+}
+
+uint64_t random_token() {
+  std::random_device rd;  // /dev/urandom: the name must not be guessable by other users
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
+
+}  // namespace
+
+// At offset 0 of every segment. Written by the owner before it publishes the name, then read-only
+// except for the abort fields, which any rank may write.
+struct ShmTransport::Segment {
+  uint64_t magic;
+  uint64_t token;
+  uint32_t rank;
+  uint32_t world;
+  uint64_t slot_bytes;
+  uint32_t nslots;
+  alignas(64) std::atomic<uint32_t> aborted;      // 1 once `reason` is complete
+  std::atomic<uint32_t> abort_claimed;            // first writer of `reason` wins
+  char reason[kReasonBytes];
+};
+
+// One per (receiver, sender) pair, in the receiver's segment. head is written only by the sender,
+// tail only by the receiver; they sit on separate cache lines so the two sides do not false-share.
+struct ShmTransport::Fifo {
+  alignas(64) WaitWord head;  // messages published by the sender
+  alignas(64) WaitWord tail;  // messages released by the receiver
+};
+
+static_assert(sizeof(MsgHeader) <= kSlotHeaderBytes, "slot header area too small");
+
+ShmTransport::ShmTransport(Bootstrap& bs, int rank, int size, const ShmConfig& cfg)
+    : rank_(rank), size_(size), cfg_(cfg) {
+  RR_CHECK(size >= 1 && rank >= 0 && rank < size, "ringreduce shm: invalid rank ", rank,
+           " for world size ", size);
+  RR_CHECK(cfg.slot_bytes >= 64 && cfg.slot_bytes % 64 == 0,
+           "ringreduce shm: slot size must be a multiple of 64 bytes and at least 64, got ",
+           cfg.slot_bytes);
+  RR_CHECK(cfg.nslots >= 1 && cfg.nslots <= 1024, "ringreduce shm: slots per link must be in [1, 1024], got ",
+           cfg.nslots);
+  static_assert(sizeof(Segment) <= kPage, "segment header must fit in one page");
+  static_assert(sizeof(Fifo) <= kPage, "fifo control must fit in one page");
+
+  slot_stride_ = round_up(kSlotHeaderBytes + cfg.slot_bytes, kPage);
+  fifo_stride_ = kPage + static_cast<size_t>(cfg.nslots) * slot_stride_;
+  segment_bytes_ = kPage + static_cast<size_t>(size) * fifo_stride_;
+  bases_.assign(size, nullptr);
+  sent_.assign(size, 0);
+  received_.assign(size, 0);
+
+  uint64_t token;
+  if (rank == 0) {
+    token = random_token();
+    bs.set("ringreduce/shm/token", hex64(token));
+  } else {
+    token = std::strtoull(bs.get("ringreduce/shm/token").c_str(), nullptr, 16);
+  }
+  own_name_ = "/ringreduce-" + hex64(token) + "-" + std::to_string(rank);
+
+  try {
+    int fd = shm_open(own_name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    RR_SYSCHECK(fd >= 0, "ringreduce shm: rank ", rank, " cannot create segment ", own_name_);
+    own_linked_ = true;
+    const int trunc = ftruncate(fd, static_cast<off_t>(segment_bytes_));
+    const int trunc_errno = errno;
+    void* base = trunc == 0 ? mmap(nullptr, segment_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                            : MAP_FAILED;
+    const int map_errno = errno;
+    close(fd);
+    errno = trunc == 0 ? map_errno : trunc_errno;
+    RR_SYSCHECK(base != MAP_FAILED, "ringreduce shm: rank ", rank, " cannot size or map ",
+                segment_bytes_, " bytes of shared memory for ", own_name_);
+    bases_[rank] = base;
+    // tmpfs hands out zeroed pages, so every counter below starts at 0.
+    Segment* seg = segment(rank);
+    seg->magic = kMagic;
+    seg->token = token;
+    seg->rank = static_cast<uint32_t>(rank);
+    seg->world = static_cast<uint32_t>(size);
+    seg->slot_bytes = cfg.slot_bytes;
+    seg->nslots = cfg.nslots;
+    bs.set("ringreduce/shm/name/" + std::to_string(rank), own_name_);
+
+    // The probe: opening the peer's segment only works if it is on this host.
+    for (int p = 0; p < size; ++p) {
+      if (p == rank) continue;
+      const std::string name = bs.get("ringreduce/shm/name/" + std::to_string(p));
+      int pfd = shm_open(name.c_str(), O_RDWR, 0);
+      RR_SYSCHECK(pfd >= 0, "ringreduce shm: rank ", rank, " cannot open rank ", p,
+                  "'s shared-memory segment ", name,
+                  " (ringreduce needs all ranks of a group on one host until the TCP transport lands)");
+      struct stat st;
+      const bool sized = fstat(pfd, &st) == 0 && static_cast<size_t>(st.st_size) == segment_bytes_;
+      void* pbase = sized ? mmap(nullptr, segment_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, pfd, 0)
+                          : MAP_FAILED;
+      close(pfd);
+      RR_CHECK(sized, "ringreduce shm: rank ", p, "'s segment has ", st.st_size, " bytes, rank ",
+               rank, " expected ", segment_bytes_, " (ranks disagree on slot size or count)");
+      RR_SYSCHECK(pbase != MAP_FAILED, "ringreduce shm: rank ", rank, " cannot map rank ", p,
+                  "'s segment");
+      bases_[p] = pbase;
+      const Segment* ps = segment(p);
+      RR_CHECK(ps->magic == kMagic && ps->token == token && ps->rank == static_cast<uint32_t>(p) &&
+                   ps->world == static_cast<uint32_t>(size) && ps->slot_bytes == cfg.slot_bytes &&
+                   ps->nslots == cfg.nslots,
+               "ringreduce shm: rank ", p, "'s segment ", name, " does not belong to this group");
+    }
+
+    // Unlink once every peer holds a mapping: from here on a crash leaves nothing behind.
+    bs.set("ringreduce/shm/mapped/" + std::to_string(rank), "1");
+    for (int p = 0; p < size; ++p) {
+      if (p != rank) bs.get("ringreduce/shm/mapped/" + std::to_string(p));
+    }
+    shm_unlink(own_name_.c_str());
+    own_linked_ = false;
+  } catch (...) {
+    if (own_linked_) shm_unlink(own_name_.c_str());
+    own_linked_ = false;
+    unmap_all();
+    throw;
+  }
+}
+
+ShmTransport::~ShmTransport() {
+  if (own_linked_) shm_unlink(own_name_.c_str());
+  unmap_all();
+}
+
+void ShmTransport::unmap_all() {
+  for (auto& b : bases_) {
+    if (b != nullptr) munmap(b, segment_bytes_);
+    b = nullptr;
+  }
+}
+
+std::vector<std::string> ShmTransport::linked_segments() const {
+  if (own_linked_) return {own_name_};
+  return {};
+}
+
+ShmTransport::Segment* ShmTransport::segment(int owner) const {
+  return static_cast<Segment*>(bases_[owner]);
+}
+
+ShmTransport::Fifo* ShmTransport::fifo(int receiver, int sender) const {
+  auto* base = static_cast<uint8_t*>(bases_[receiver]);
+  return reinterpret_cast<Fifo*>(base + kPage + static_cast<size_t>(sender) * fifo_stride_);
+}
+
+uint8_t* ShmTransport::slot(int receiver, int sender, uint32_t index) const {
+  auto* f = reinterpret_cast<uint8_t*>(fifo(receiver, sender));
+  return f + kPage + static_cast<size_t>(index % cfg_.nslots) * slot_stride_;
+}
+
+void ShmTransport::check_peer(int peer, const char* what) const {
+  RR_CHECK(peer >= 0 && peer < size_ && peer != rank_, "ringreduce shm: ", what, " on rank ", rank_,
+           " names invalid peer ", peer, " (world size ", size_, ")");
+}
+
+void ShmTransport::throw_aborted(const OpContext& op) const {
+  throw AbortedError(detail::cat("ringreduce ", op.name, " #", op.seq, ": rank ", rank_,
+                                 ": the group was aborted: ", abort_reason()));
+}
+
+template <class Ready>
+void ShmTransport::wait_until(WaitWord& word, Ready ready, int peer, const char* waiting_for,
+                              const OpContext& op, const Deadline& dl) {
+  if (ready(word.value.load(std::memory_order_acquire))) return;
+  Segment* own = segment(rank_);
+  if (own->aborted.load(std::memory_order_acquire)) throw_aborted(op);
+
+  // Spin first: when the peer is running, the hand-off is a cache-line transfer away.
+  const auto spin_until = Clock::now() + cfg_.spin;
+  for (unsigned i = 1;; ++i) {
+    cpu_relax();
+    if (ready(word.value.load(std::memory_order_acquire))) return;
+    if ((i & 63) == 0 && Clock::now() >= spin_until) break;
+  }
+
+  for (;;) {
+    if (own->aborted.load(std::memory_order_acquire)) throw_aborted(op);
+    if (dl.passed()) {
+      const std::string msg = detail::cat(
+          "ringreduce ", op.name, " #", op.seq, ": rank ", rank_, " timed out after ",
+          op.timeout.count(), " ms waiting for rank ", peer, " (", waiting_for,
+          "): rank ", peer, " did not arrive at this op, or is stuck");
+      abort(msg);  // let every other rank fail now rather than at its own deadline
+      throw TimeoutError(msg);
+    }
+    // Announce the sleep, then re-check: pairs with publish() so no wake-up is lost.
+    word.sleepers.fetch_add(1, std::memory_order_seq_cst);
+    const uint32_t v = word.value.load(std::memory_order_seq_cst);
+    if (!ready(v) && !own->aborted.load(std::memory_order_seq_cst)) {
+      futex::wait(&word.value, v, std::min<std::chrono::nanoseconds>(dl.remaining(), kMaxSleep));
+    }
+    word.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    if (ready(word.value.load(std::memory_order_acquire))) return;
+  }
+}
+
+void* ShmTransport::send_begin(int peer, const OpContext& op, const Deadline& dl) {
+  check_peer(peer, "send");
+  Fifo* f = fifo(peer, rank_);
+  const uint32_t seq = sent_[peer];
+  const uint32_t nslots = cfg_.nslots;
+  // Free when fewer than nslots messages are unreleased; unsigned arithmetic survives wrap-around.
+  wait_until(f->tail, [seq, nslots](uint32_t tail) { return seq - tail < nslots; }, peer,
+             "a free slot: the peer has not consumed earlier messages", op, dl);
+  return slot(peer, rank_, seq) + kSlotHeaderBytes;
+}
+
+void ShmTransport::send_end(int peer, const MsgHeader& hdr) {
+  RR_CHECK(hdr.bytes <= cfg_.slot_bytes, "ringreduce shm: rank ", rank_, " sends ", hdr.bytes,
+           " bytes to rank ", peer, ", more than a slot holds (", cfg_.slot_bytes, ")");
+  std::memcpy(slot(peer, rank_, sent_[peer]), &hdr, sizeof hdr);
+  sent_[peer] += 1;
+  publish(fifo(peer, rank_)->head, sent_[peer]);  // seq_cst store: orders the payload before it
+}
+
+const void* ShmTransport::recv_begin(int peer, MsgHeader* hdr, const OpContext& op,
+                                     const Deadline& dl) {
+  check_peer(peer, "receive");
+  Fifo* f = fifo(rank_, peer);
+  const uint32_t want = received_[peer];
+  wait_until(f->head, [want](uint32_t head) { return head - want - 1 < 0x80000000u; }, peer,
+             "its data", op, dl);
+  const uint8_t* s = slot(rank_, peer, want);
+  std::memcpy(hdr, s, sizeof *hdr);
+  // The header came from another process: never let it steer a read past the slot.
+  RR_CHECK(hdr->bytes <= cfg_.slot_bytes, "ringreduce ", op.name, " #", op.seq, ": rank ", rank_,
+           " got a message of ", hdr->bytes, " bytes from rank ", peer, ", larger than a slot (",
+           cfg_.slot_bytes, ")");
+  return s + kSlotHeaderBytes;
+}
+
+void ShmTransport::recv_end(int peer) {
+  received_[peer] += 1;
+  publish(fifo(rank_, peer)->tail, received_[peer]);
+}
+
+void ShmTransport::abort(const std::string& why) {
+  for (int r = 0; r < size_; ++r) {
+    Segment* seg = segment(r);
+    if (seg == nullptr) continue;
+    uint32_t expected = 0;
+    if (seg->abort_claimed.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
+      const size_t n = std::min(why.size(), kReasonBytes - 1);
+      std::memcpy(seg->reason, why.data(), n);
+      seg->reason[n] = '\0';
+      seg->aborted.store(1, std::memory_order_seq_cst);
+    }
+    // Wake everybody sleeping on this segment's FIFOs so they see the flag now.
+    for (int s = 0; s < size_; ++s) {
+      Fifo* f = fifo(r, s);
+      futex::wake_all(&f->head.value);
+      futex::wake_all(&f->tail.value);
+    }
+  }
+}
+
+std::string ShmTransport::abort_reason() const {
+  const Segment* seg = segment(rank_);
+  if (seg == nullptr || !seg->aborted.load(std::memory_order_acquire)) return "";
+  return std::string(seg->reason, strnlen(seg->reason, kReasonBytes));
+}
+
+}  // namespace ringreduce

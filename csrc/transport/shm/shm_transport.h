@@ -1,0 +1,83 @@
+// Shared-memory transport between ranks on one host.
+//
+// Each rank owns one POSIX shared-memory segment holding its *inbox*: one FIFO of `nslots` slots
+// per possible sender. A sender writes a slot of the receiver's segment in place and bumps the
+// FIFO's head; the receiver reads the slot in place and bumps its tail. Only the ring neighbours'
+// FIFOs are touched, so the other pages of the segment are never allocated by tmpfs.
+//
+// Life of a segment: created 0600 under a name holding a random token that rank 0 draws and shares
+// through the store, opened by every peer (which is also the probe that tells whether the peer is
+// on this host), and unlinked by its owner as soon as every peer has mapped it. From then on only
+// the mappings keep it alive, so a crash at any later point leaves nothing in /dev/shm.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "transport/transport.h"
+#include "transport/wait.h"
+
+namespace ringreduce {
+
+struct ShmConfig {
+  size_t slot_bytes = 256 << 10;          // payload bytes of one slot (= largest slice)
+  uint32_t nslots = 4;                    // slots per FIFO: how far a sender may run ahead
+  std::chrono::microseconds spin{20};     // spin this long before sleeping on a futex
+};
+
+class ShmTransport final : public Transport {
+ public:
+  // Collective over the group: every rank constructs its transport at the same time. Throws
+  // ringreduce::Error naming the peer if a peer's segment cannot be opened or does not match.
+  ShmTransport(Bootstrap& bootstrap, int rank, int size, const ShmConfig& cfg);
+  ~ShmTransport() override;
+  ShmTransport(const ShmTransport&) = delete;
+  ShmTransport& operator=(const ShmTransport&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  size_t max_payload() const override { return cfg_.slot_bytes; }
+
+  void* send_begin(int peer, const OpContext& op, const Deadline& dl) override;
+  void send_end(int peer, const MsgHeader& hdr) override;
+  const void* recv_begin(int peer, MsgHeader* hdr, const OpContext& op, const Deadline& dl) override;
+  void recv_end(int peer) override;
+
+  void abort(const std::string& why) override;
+  std::string abort_reason() const override;
+
+  // Names of the segments this transport created and has not unlinked yet (tests check it is
+  // empty once construction returned).
+  std::vector<std::string> linked_segments() const;
+
+ private:
+  struct Segment;
+  struct Fifo;
+
+  Segment* segment(int owner) const;
+  Fifo* fifo(int receiver, int sender) const;
+  uint8_t* slot(int receiver, int sender, uint32_t index) const;
+
+  template <class Ready>
+  void wait_until(WaitWord& word, Ready ready, int peer, const char* waiting_for,
+                  const OpContext& op, const Deadline& dl);
+  [[noreturn]] void throw_aborted(const OpContext& op) const;
+  void check_peer(int peer, const char* what) const;
+  void unmap_all();
+
+  int rank_;
+  int size_;
+  ShmConfig cfg_;
+  size_t slot_stride_ = 0;
+  size_t fifo_stride_ = 0;
+  size_t segment_bytes_ = 0;
+  std::string own_name_;
+  bool own_linked_ = false;
+  std::vector<void*> bases_;        // bases_[r]: rank r's segment mapped here (ours included)
+  std::vector<uint32_t> sent_;      // messages published to each peer
+  std::vector<uint32_t> received_;  // messages released from each peer
+};
+
+}  // namespace ringreduce

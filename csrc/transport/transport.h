@@ -1,0 +1,73 @@
+// The one interface every transport implements (shm/ now; tcp/ and cuda_ipc/ later).
+//
+// A transport moves messages between ranks of one group. Each (sender, receiver) pair has its own
+// FIFO of a few fixed-size slots: the sender writes a slot in place and publishes it; the receiver
+// reads the slot in place and hands it back. Working on slots in place lets the ring fuse "receive,
+// reduce with my input, send on" into one pass over the data with no staging copy.
+//
+// Every message starts with a MsgHeader naming the op it belongs to. Receivers check it before
+// touching the payload, so ranks that disagree about an op (size, dtype, op, root, or which op it
+// is at all) fail with an error instead of reducing garbage.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "common/deadline.h"
+
+namespace ringreduce {
+
+// What kind of collective a message belongs to. Part of the fingerprint in MsgHeader.
+enum class OpKind : uint32_t { Allreduce = 1, Broadcast = 2, Barrier = 3 };
+const char* op_kind_name(OpKind k);
+
+struct MsgHeader {
+  uint64_t seq = 0;     // op sequence number in the group
+  uint64_t count = 0;   // element count of the op (per rank)
+  uint64_t bytes = 0;   // payload bytes of this message
+  uint32_t kind = 0;    // OpKind
+  uint8_t dtype = 0;    // DType
+  uint8_t redop = 0;    // RedOp (0 where the op has none)
+  int16_t root = -1;    // root rank, -1 where the op has none
+};
+static_assert(sizeof(MsgHeader) == 32, "MsgHeader is part of the shared-memory layout");
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Largest payload one message can carry (the slot size).
+  virtual size_t max_payload() const = 0;
+
+  // Wait until a slot towards `peer` is free and return where to write at most max_payload()
+  // bytes. Exactly one send may be open per peer; close it with send_end.
+  virtual void* send_begin(int peer, const OpContext& op, const Deadline& dl) = 0;
+  // Publish the slot opened by send_begin; hdr.bytes says how much of it is payload.
+  virtual void send_end(int peer, const MsgHeader& hdr) = 0;
+
+  // Wait for the next message from `peer`, copy its header to *hdr and return its payload, which
+  // stays valid until recv_end(peer).
+  virtual const void* recv_begin(int peer, MsgHeader* hdr, const OpContext& op,
+                                 const Deadline& dl) = 0;
+  virtual void recv_end(int peer) = 0;
+
+  // Make every current and future wait of every rank in the group fail with an AbortedError that
+  // carries `why`. The first reason recorded wins. Safe to call from any thread.
+  virtual void abort(const std::string& why) = 0;
+  // The recorded abort reason, or "" while the group is healthy.
+  virtual std::string abort_reason() const = 0;
+};
+
+// The bootstrap: a key-value store every rank of the group can reach (the c10d store in the torch
+// layer, an in-process map in the C++ tests). get() waits for the key up to the store's timeout.
+class Bootstrap {
+ public:
+  virtual ~Bootstrap() = default;
+  virtual void set(const std::string& key, const std::string& value) = 0;
+  virtual std::string get(const std::string& key) = 0;
+};
+
+}  // namespace ringreduce

@@ -1,0 +1,16 @@
+"""ringreduce: ring all-reduce collectives for PyTorch, as a torch.distributed backend.
+
+    import torch.distributed as dist
+    dist.init_process_group("ringreduce")   # registered when torch is imported, or by importing us
+    dist.all_reduce(tensor)
+
+Importing this package registers the backend (it is idempotent). The compiled extension,
+``ringreduce._C``, is loaded when the first ringreduce process group is created.
+"""
+
+from ringreduce._registration import BACKEND_NAME, is_available, load_extension, register
+
+__all__ = ["BACKEND_NAME", "is_available", "load_extension", "register", "__version__"]
+__version__ = "0.1.0"
+
+register()
