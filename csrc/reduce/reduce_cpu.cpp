@@ -1,0 +1,583 @@
+// CPU reduction kernels.
+//
+// Every kernel is one template over an element "kind" (how an element is stored and in which type
+// it is computed) and, for reduce(), an op functor. with_kind() and with_op() below are the only
+// places that turn the runtime DType / RedOp tags into types; adding a dtype means adding a kind
+// and one case there, never another copy of a loop.
+//
+// The loops are plain indexed loops over __restrict__ pointers so that GCC vectorises them at -O3.
+// Restrict promises that no other pointer reaches the same elements, and reduce() allows dst to be
+// a or b: rather than break the promise in place, that case gets its own loop in which the shared
+// buffer is one pointer (reduce_into below). Only a == b, which nothing on the hot path does, runs
+// a loop without restrict. fp16/bf16 go through fp32 blocks on the stack instead (reduce_staged).
+//
+// Never build this file with -ffast-math (or -ffinite-math-only): the NaN checks in min/max and the
+// rounding tricks in reduce/half.h depend on IEEE semantics.
+
+#include "reduce/reduce.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#include "common/error.h"
+#include "reduce/half.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define RR_X86_64 1
+#else
+#define RR_X86_64 0
+#endif
+
+// Function multiversioning: the library is built for baseline x86-64 (SSE2) so that one wheel runs
+// everywhere, and the hot loops get a second, AVX2 copy chosen once at load time through an ifunc.
+// This is GCC-only: Clang rejects target_clones on function templates, and ifuncs need glibc. Other
+// builds get the baseline loop, which is still SSE2-vectorised.
+// FMA is left out of the "avx2" clone on purpose, so both copies round identically and every rank
+// gets the same bits whatever its CPU; CMake also passes -ffp-contract=off, in case the build's own
+// flags enable FMA (-march=native), and so should any other build of this file.
+// RINGREDUCE_BASELINE_ONLY builds only the baseline paths (no clones, no F16C), so that the tests
+// can check them on a machine that would otherwise always pick the AVX2 ones.
+#if RR_X86_64 && defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__) && \
+    !defined(RINGREDUCE_BASELINE_ONLY)
+#define RR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define RR_CLONES
+#endif
+
+// fp16 <-> fp32 with F16C instructions (one instruction per 8 elements, against ~8 per element for
+// the portable conversion): chosen at run time, as target_clones cannot pick intrinsics.
+#if RR_X86_64 && !defined(RINGREDUCE_BASELINE_ONLY)
+#define RR_F16C 1
+#define RR_TARGET_F16C __attribute__((target("avx2,f16c")))
+#else
+#define RR_F16C 0
+#endif
+
+namespace ringreduce {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Element kinds
+
+// Same layout as std::complex<R>, c10::complex<R> and C's _Complex, but with the textbook multiply:
+// std::complex's operator* goes through __mulsc3 (NaN/Inf recovery, never vectorised), and torch
+// itself multiplies c10::complex the textbook way.
+template <class R>
+struct Complex {
+  R re, im;
+};
+static_assert(sizeof(Complex<float>) == 8 && sizeof(Complex<double>) == 16,
+              "complex must be two packed reals");
+
+template <class R>
+inline Complex<R> operator+(Complex<R> x, Complex<R> y) {
+  return {x.re + y.re, x.im + y.im};
+}
+template <class R>
+inline Complex<R> operator*(Complex<R> x, Complex<R> y) {
+  return {x.re * y.re - x.im * y.im, x.re * y.im + x.im * y.re};
+}
+
+template <class T>
+struct IsComplex : std::false_type {};
+template <class R>
+struct IsComplex<Complex<R>> : std::true_type {};
+
+// A kind: Store is what lies in memory, Math what the op is computed in.
+template <class T>
+struct Native {
+  using Store = T;
+  using Math = T;
+  static Math load(Store v) { return v; }
+  static Store store(Math v) { return v; }
+};
+
+// fp16 and bf16 are not computed element by element: a block is widened to fp32 on the stack, the
+// fp32 loop runs on it, and the result is rounded back once (see reduce_staged). So the op loops
+// exist only for float, and the conversions can be whole-block F16C instructions. Both conversions
+// are bit-exact with F16C (reduce/half.h), so which path runs never changes a result.
+
+RR_CLONES void fp16_widen_portable(float* __restrict__ out, const uint16_t* __restrict__ in,
+                                   size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = fp16_to_float(in[i]);
+}
+RR_CLONES void fp16_narrow_portable(uint16_t* __restrict__ out, const float* __restrict__ in,
+                                    size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = float_to_fp16(in[i]);
+}
+
+#if RR_F16C
+RR_TARGET_F16C void fp16_widen_f16c(float* __restrict__ out, const uint16_t* __restrict__ in,
+                                    size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
+  }
+  for (; i < n; ++i) out[i] = _cvtsh_ss(in[i]);
+}
+RR_TARGET_F16C void fp16_narrow_f16c(uint16_t* __restrict__ out, const float* __restrict__ in,
+                                     size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    // Rounding given in the instruction (to nearest even), not taken from MXCSR.
+    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), h);
+  }
+  for (; i < n; ++i) out[i] = static_cast<uint16_t>(_cvtss_sh(in[i], _MM_FROUND_TO_NEAREST_INT));
+}
+
+bool have_f16c() {
+  // avx2 as well: the F16C path uses 256-bit registers, and GCC's avx2 check includes the OS
+  // saving them.
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  return yes;
+}
+#endif
+
+RR_CLONES void bf16_widen(float* __restrict__ out, const uint16_t* __restrict__ in, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = bf16_to_float(in[i]);
+}
+RR_CLONES void bf16_narrow(uint16_t* __restrict__ out, const float* __restrict__ in, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = float_to_bf16(in[i]);
+}
+
+struct Half {
+  using Store = uint16_t;
+  using Math = float;
+  static void widen(float* out, const uint16_t* in, size_t n) {
+#if RR_F16C
+    if (have_f16c()) return fp16_widen_f16c(out, in, n);
+#endif
+    fp16_widen_portable(out, in, n);
+  }
+  static void narrow(uint16_t* out, const float* in, size_t n) {
+#if RR_F16C
+    if (have_f16c()) return fp16_narrow_f16c(out, in, n);
+#endif
+    fp16_narrow_portable(out, in, n);
+  }
+};
+
+struct BHalf {
+  using Store = uint16_t;
+  using Math = float;
+  static void widen(float* out, const uint16_t* in, size_t n) { bf16_widen(out, in, n); }
+  static void narrow(uint16_t* out, const float* in, size_t n) { bf16_narrow(out, in, n); }
+};
+
+template <class K>
+constexpr bool kStaged = std::is_same_v<K, Half> || std::is_same_v<K, BHalf>;
+
+// Stored as bytes, not C++ bool: loading a bool whose byte is neither 0 nor 1 is undefined, and a
+// buffer that came through shared memory is just bytes. Any nonzero byte is true; results are 0/1.
+struct Bool {
+  using Store = uint8_t;
+  using Math = bool;
+  static Math load(Store v) { return v != 0; }
+  static Store store(Math v) { return static_cast<Store>(v); }
+};
+
+template <class M>
+constexpr bool kIsFloat = std::is_floating_point_v<M>;
+template <class M>
+constexpr bool kIsBool = std::is_same_v<M, bool>;
+template <class M>
+constexpr bool kIsInt = std::is_integral_v<M> && !kIsBool<M>;
+
+// Signed overflow is undefined, and uint8/uint16 promote to (signed) int, so integer sums and
+// products are done in an unsigned type at least as wide as unsigned int and wrapped back, which is
+// what torch and NCCL produce.
+template <class M>
+using Wide = std::conditional_t<(sizeof(M) < sizeof(unsigned)), unsigned, std::make_unsigned_t<M>>;
+
+// ---------------------------------------------------------------------------------------------
+// Ops
+
+struct OpSum {
+  template <class M>
+  static M apply(M a, M b) {
+    if constexpr (kIsBool<M>) return a | b;
+    else if constexpr (kIsInt<M>) return static_cast<M>(Wide<M>(a) + Wide<M>(b));
+    else return a + b;
+  }
+};
+
+struct OpProd {
+  template <class M>
+  static M apply(M a, M b) {
+    if constexpr (kIsBool<M>) return a & b;
+    else if constexpr (kIsInt<M>) return static_cast<M>(Wide<M>(a) * Wide<M>(b));
+    else return a * b;
+  }
+};
+
+// torch's min/max propagate NaN: if either operand is NaN the result is NaN. The selects are
+// written with `|` rather than `||` so there is no branch to stop if-conversion.
+struct OpMin {
+  template <class M>
+  static M apply(M a, M b) {
+    if constexpr (kIsBool<M>) return a & b;
+    else if constexpr (kIsFloat<M>) return ((a < b) | (a != a)) ? a : b;
+    else return a < b ? a : b;
+  }
+};
+
+struct OpMax {
+  template <class M>
+  static M apply(M a, M b) {
+    if constexpr (kIsBool<M>) return a | b;
+    else if constexpr (kIsFloat<M>) return ((a > b) | (a != a)) ? a : b;
+    else return a > b ? a : b;
+  }
+};
+
+struct OpBAnd {
+  template <class M>
+  static M apply(M a, M b) { return static_cast<M>(a & b); }
+};
+struct OpBOr {
+  template <class M>
+  static M apply(M a, M b) { return static_cast<M>(a | b); }
+};
+struct OpBXor {
+  template <class M>
+  static M apply(M a, M b) { return static_cast<M>(a ^ b); }
+};
+
+// The compile-time mirror of unsupported_reason(): combinations it rejects are never instantiated
+// (they would not compile: there is no `<` on complex, no `&` on float).
+template <class K, class Op>
+constexpr bool supported() {
+  using M = typename K::Math;
+  if constexpr (std::is_same_v<Op, OpMin> || std::is_same_v<Op, OpMax>) return !IsComplex<M>::value;
+  if constexpr (std::is_same_v<Op, OpBAnd> || std::is_same_v<Op, OpBOr> ||
+                std::is_same_v<Op, OpBXor>) {
+    return kIsInt<M> || kIsBool<M>;
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Loops
+
+template <class K, class Op>
+RR_CLONES void reduce_distinct(typename K::Store* __restrict__ dst,
+                               const typename K::Store* __restrict__ a,
+                               const typename K::Store* __restrict__ b, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = K::store(Op::apply(K::load(a[i]), K::load(b[i])));
+}
+
+// In place: acc is dst and one operand. AccIsLeft keeps the operand order of the call, which min
+// and max need (for which NaN, or which signed zero, comes out).
+template <class K, class Op, bool AccIsLeft>
+RR_CLONES void reduce_into(typename K::Store* __restrict__ acc,
+                           const typename K::Store* __restrict__ other, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const auto x = K::load(acc[i]);
+    const auto y = K::load(other[i]);
+    acc[i] = K::store(AccIsLeft ? Op::apply(x, y) : Op::apply(y, x));
+  }
+}
+
+// a == b: no restrict, as dst may be that same buffer too.
+template <class K, class Op>
+void reduce_self(typename K::Store* dst, const typename K::Store* a, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const auto x = K::load(a[i]);
+    dst[i] = K::store(Op::apply(x, x));
+  }
+}
+
+// dst[i] = f(src[i]), for divide() and scale().
+template <class K, class F>
+RR_CLONES void map_distinct(typename K::Store* __restrict__ dst,
+                            const typename K::Store* __restrict__ src, size_t n, F f) {
+  for (size_t i = 0; i < n; ++i) dst[i] = K::store(f(K::load(src[i])));
+}
+
+template <class K, class F>
+RR_CLONES void map_inplace(typename K::Store* __restrict__ buf, size_t n, F f) {
+  for (size_t i = 0; i < n; ++i) buf[i] = K::store(f(K::load(buf[i])));
+}
+
+// Elements per stage of the fp16/bf16 path: two fp32 blocks of 2 KiB stay in L1 beside the
+// caller's data, and the per-block overhead (a few calls) is spread over 512 elements.
+constexpr size_t kStageElems = 512;
+
+// dst may be a or b: each block of a and b is read in full before that block of dst is written.
+template <class K, class Op>
+void reduce_staged(uint16_t* dst, const uint16_t* a, const uint16_t* b, size_t n) {
+  alignas(64) float x[kStageElems];
+  alignas(64) float y[kStageElems];
+  for (size_t i = 0; i < n; i += kStageElems) {
+    const size_t m = std::min(kStageElems, n - i);
+    K::widen(x, a + i, m);
+    K::widen(y, b + i, m);
+    reduce_into<Native<float>, Op, true>(x, y, m);
+    K::narrow(dst + i, x, m);
+  }
+}
+
+template <class K, class Op>
+void run_reduce(void* dst, const void* a, const void* b, size_t n) {
+  using S = typename K::Store;
+  auto* d = static_cast<S*>(dst);
+  const auto* x = static_cast<const S*>(a);
+  const auto* y = static_cast<const S*>(b);
+  if constexpr (kStaged<K>) {
+    reduce_staged<K, Op>(d, x, y, n);
+  } else {
+    if (x == y) reduce_self<K, Op>(d, x, n);
+    else if (d == x) reduce_into<K, Op, true>(d, y, n);
+    else if (d == y) reduce_into<K, Op, false>(d, x, n);
+    else reduce_distinct<K, Op>(d, x, y, n);
+  }
+}
+
+template <class K, class F>
+void map(void* dst, const void* src, size_t n, F f) {
+  using S = typename K::Store;
+  if constexpr (kStaged<K>) {
+    alignas(64) float x[kStageElems];
+    for (size_t i = 0; i < n; i += kStageElems) {
+      const size_t m = std::min(kStageElems, n - i);
+      K::widen(x, static_cast<const S*>(src) + i, m);
+      map_inplace<Native<float>>(x, m, f);
+      K::narrow(static_cast<S*>(dst) + i, x, m);
+    }
+  } else if (dst == src) {
+    map_inplace<K>(static_cast<S*>(dst), n, f);
+  } else {
+    map_distinct<K>(static_cast<S*>(dst), static_cast<const S*>(src), n, f);
+  }
+}
+
+// Element maps. Floating kinds divide and scale in their Math type (fp32 for fp16/bf16).
+template <class M>
+struct DivideBy {
+  M d;
+  M operator()(M x) const { return x / d; }
+};
+template <class R>
+struct DivideBy<Complex<R>> {
+  R d;
+  Complex<R> operator()(Complex<R> x) const { return {x.re / d, x.im / d}; }
+};
+
+// C++ integer division truncates toward zero, as torch's integer AVG and NCCL do. Every integer type
+// fits in int64 and |x / d| <= |x|, so the quotient fits back, except x / -1 at the type's minimum,
+// which has its own map.
+template <class M>
+struct IntDivideBy {
+  int64_t d;
+  M operator()(M x) const { return static_cast<M>(static_cast<int64_t>(x) / d); }
+};
+// Division by -1 as a wrapping negation: INT64_MIN / -1 traps on x86, and the narrower minimums
+// wrap to themselves, which is what the hardware quotient truncated to the type would be.
+template <class M>
+struct IntNegate {
+  M operator()(M x) const { return static_cast<M>(Wide<M>(0) - Wide<M>(x)); }
+};
+
+template <class M>
+struct ScaleBy {
+  M f;
+  M operator()(M x) const { return x * f; }
+};
+template <class R>
+struct ScaleBy<Complex<R>> {
+  R f;
+  Complex<R> operator()(Complex<R> x) const { return {x.re * f, x.im * f}; }
+};
+
+// ---------------------------------------------------------------------------------------------
+// The dispatch point
+
+template <class F>
+void with_kind(DType t, const char* what, F&& f) {
+  switch (t) {
+    case DType::Float32: return f(Native<float>{});
+    case DType::Float64: return f(Native<double>{});
+    case DType::Float16: return f(Half{});
+    case DType::BFloat16: return f(BHalf{});
+    case DType::Int8: return f(Native<int8_t>{});
+    case DType::UInt8: return f(Native<uint8_t>{});
+    case DType::Int16: return f(Native<int16_t>{});
+    case DType::Int32: return f(Native<int32_t>{});
+    case DType::Int64: return f(Native<int64_t>{});
+    case DType::Bool: return f(Bool{});
+    case DType::Complex64: return f(Native<Complex<float>>{});
+    case DType::Complex128: return f(Native<Complex<double>>{});
+  }
+  throw Error(detail::cat("ringreduce ", what, ": unknown dtype tag ", static_cast<unsigned>(t)));
+}
+
+template <class F>
+void with_op(RedOp op, F&& f) {
+  switch (op) {
+    case RedOp::Sum: return f(OpSum{});
+    case RedOp::Prod: return f(OpProd{});
+    case RedOp::Min: return f(OpMin{});
+    case RedOp::Max: return f(OpMax{});
+    case RedOp::BAnd: return f(OpBAnd{});
+    case RedOp::BOr: return f(OpBOr{});
+    case RedOp::BXor: return f(OpBXor{});
+  }
+  throw Error(detail::cat("ringreduce reduce: unknown op tag ", static_cast<unsigned>(op)));
+}
+
+// The kernels' restrict loops are only correct for exact aliasing or none; a partial overlap is a
+// caller bug that would silently produce garbage, and the check costs two compares per call.
+void check_no_partial_overlap(const char* what, const void* x, const void* y, size_t bytes,
+                              DType t) {
+  const auto px = reinterpret_cast<uintptr_t>(x);
+  const auto py = reinterpret_cast<uintptr_t>(y);
+  RR_CHECK(px == py || px + bytes <= py || py + bytes <= px, "ringreduce ", what, " (",
+           dtype_name(t), "): output overlaps an input without being the same buffer (", x, " and ",
+           y, ", ", bytes, " bytes)");
+}
+
+}  // namespace
+
+void reduce(void* dst, const void* a, const void* b, size_t n, DType t, RedOp op) {
+  if (const char* why = unsupported_reason(t, op)) {
+    throw Error(detail::cat("ringreduce reduce: ", redop_name(op), " is not supported on ",
+                            dtype_name(t), ": ", why));
+  }
+  if (n == 0) return;
+  RR_CHECK(dst && a && b, "ringreduce reduce (", redop_name(op), ", ", dtype_name(t),
+           "): null buffer for ", n, " elements");
+  const size_t bytes = n * dtype_size(t);
+  check_no_partial_overlap("reduce", dst, a, bytes, t);
+  check_no_partial_overlap("reduce", dst, b, bytes, t);
+
+  with_kind(t, "reduce", [&](auto kind) {
+    using K = decltype(kind);
+    with_op(op, [&](auto op_tag) {
+      using Op = decltype(op_tag);
+      if constexpr (supported<K, Op>()) {
+        run_reduce<K, Op>(dst, a, b, n);
+      } else {
+        // unsupported_reason() said yes but the kernels say no: the two lists disagree.
+        throw Error(detail::cat("ringreduce reduce: internal error: no kernel for ",
+                                redop_name(op), " on ", dtype_name(t)));
+      }
+    });
+  });
+}
+
+void divide(void* dst, const void* src, size_t n, DType t, int64_t divisor) {
+  RR_CHECK(t != DType::Bool, "ringreduce divide: bool tensors cannot be divided (an average of "
+                             "bools is not a bool)");
+  RR_CHECK(divisor != 0, "ringreduce divide (", dtype_name(t), "): divisor is zero");
+  if (n == 0) return;
+  RR_CHECK(dst && src, "ringreduce divide (", dtype_name(t), "): null buffer for ", n,
+           " elements");
+  check_no_partial_overlap("divide", dst, src, n * dtype_size(t), t);
+
+  with_kind(t, "divide", [&](auto kind) {
+    using K = decltype(kind);
+    using M = typename K::Math;
+    if constexpr (kIsBool<M>) {
+      // Rejected above; Bool only reaches here through the generic lambda.
+    } else if constexpr (kIsInt<M>) {
+      if (divisor == -1) map<K>(dst, src, n, IntNegate<M>{});
+      else map<K>(dst, src, n, IntDivideBy<M>{divisor});
+    } else if constexpr (IsComplex<M>::value) {
+      using R = decltype(M::re);
+      map<K>(dst, src, n, DivideBy<M>{static_cast<R>(divisor)});
+    } else {
+      map<K>(dst, src, n, DivideBy<M>{static_cast<M>(divisor)});
+    }
+  });
+}
+
+void scale(void* dst, const void* src, size_t n, DType t, double factor) {
+  RR_CHECK(!is_integral(t), "ringreduce scale: ", dtype_name(t),
+           " is not a floating or complex type (premul_sum needs one)");
+  if (n == 0) return;
+  RR_CHECK(dst && src, "ringreduce scale (", dtype_name(t), "): null buffer for ", n,
+           " elements");
+  check_no_partial_overlap("scale", dst, src, n * dtype_size(t), t);
+
+  with_kind(t, "scale", [&](auto kind) {
+    using K = decltype(kind);
+    using M = typename K::Math;
+    // The factor is rounded to the Math type first, as torch does when it multiplies a float
+    // tensor by a Python float.
+    if constexpr (IsComplex<M>::value) {
+      using R = decltype(M::re);
+      map<K>(dst, src, n, ScaleBy<M>{static_cast<R>(factor)});
+    } else if constexpr (kIsFloat<M>) {
+      map<K>(dst, src, n, ScaleBy<M>{static_cast<M>(factor)});
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// copy
+
+namespace {
+
+// Below this the destination plausibly stays in L2 and will be read soon enough that bypassing the
+// cache costs more than it saves; above it, non-temporal stores skip the read-for-ownership of
+// every destination line (a third of the memory traffic of a copy) and leave the cache to the
+// ring's own buffers.
+constexpr size_t kStreamingMinBytes = 256 * 1024;
+
+#if RR_X86_64
+// SSE2 is baseline on x86-64, so no dispatch: 16-byte non-temporal stores reach the same bandwidth
+// as 32-byte ones, as both fill whole write-combining buffers.
+void stream_copy(char* dst, const char* src, size_t bytes) {
+  // Non-temporal stores need an aligned destination; aligning to a whole line also means each
+  // iteration's four stores fill one write-combining buffer, which is then flushed as a full line
+  // rather than as partial writes. The source may stay unaligned: loadu costs the same.
+  const size_t head = (64 - reinterpret_cast<uintptr_t>(dst) % 64) % 64;
+  std::memcpy(dst, src, head);
+  dst += head;
+  src += head;
+  bytes -= head;
+  const size_t body = bytes & ~size_t(63);
+  for (size_t i = 0; i < body; i += 64) {
+    const __m128i v0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    const __m128i v1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
+    const __m128i v2 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
+    const __m128i v3 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), v0);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), v1);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), v2);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), v3);
+  }
+  std::memcpy(dst + body, src + body, bytes - body);
+  // Non-temporal stores are weakly ordered: without the fence, a flag the caller stores next (a
+  // "done" mark in shared memory, say) could become visible before the data.
+  _mm_sfence();
+}
+#endif
+
+}  // namespace
+
+void copy(void* dst, const void* src, size_t bytes, bool streaming) {
+  // memcpy with dst == src, or with null pointers even for 0 bytes, is undefined.
+  if (bytes == 0 || dst == src) return;
+  RR_CHECK(dst && src, "ringreduce copy: null buffer for ", bytes, " bytes");
+  const auto pd = reinterpret_cast<uintptr_t>(dst);
+  const auto ps = reinterpret_cast<uintptr_t>(src);
+  RR_CHECK(pd + bytes <= ps || ps + bytes <= pd, "ringreduce copy: buffers overlap (", dst, " and ",
+           src, ", ", bytes, " bytes)");
+#if RR_X86_64
+  if (streaming && bytes >= kStreamingMinBytes) {
+    stream_copy(static_cast<char*>(dst), static_cast<const char*>(src), bytes);
+    return;
+  }
+#else
+  (void)streaming;
+#endif
+  std::memcpy(dst, src, bytes);
+}
+
+}  // namespace ringreduce

@@ -1,0 +1,937 @@
+// Tests of the CPU kernels (csrc/reduce) and the dtype table (csrc/common/dtype) against references
+// written from the definitions: values are decoded to double, the op is done in double, and the
+// result is rounded to the element type with a rounding function that follows the IEEE definition
+// rather than any trick the kernels use.
+//
+// Results are compared bit for bit. The reference does an op in double and rounds the result to
+// fp32 (and from there to fp16/bf16, as the kernels do): for + - * / on fp32 inputs that is the
+// correctly rounded fp32 result, because rounding first to a format with at least 2p+2 bits (double:
+// 53 >= 2*24+2) and then to p bits is the same as rounding once.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <initializer_list>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "common/error.h"
+#include "reduce/half.h"
+#include "reduce/reduce.h"
+#include "rrtest.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define TEST_HAVE_F16C_CODE 1
+#endif
+
+using namespace ringreduce;
+
+namespace {
+
+const DType kAllTypes[] = {DType::Float32, DType::Float64, DType::Float16,   DType::BFloat16,
+                           DType::Int8,    DType::UInt8,   DType::Int16,     DType::Int32,
+                           DType::Int64,   DType::Bool,    DType::Complex64, DType::Complex128};
+const RedOp kAllOps[] = {RedOp::Sum,  RedOp::Prod, RedOp::Min, RedOp::Max,
+                         RedOp::BAnd, RedOp::BOr,  RedOp::BXor};
+// Around the vector widths (16 = one AVX2 register of fp16), a prime, and a large odd count.
+const size_t kCounts[] = {0, 1, 7, 15, 16, 17, 1009, 65536 + 3};
+
+using Rng = std::mt19937_64;
+
+// ---------------------------------------------------------------------------------------------
+// Reference binary floating-point formats, from the definition.
+
+struct Fmt {
+  int mbits;  // stored mantissa bits
+  int ebits;
+};
+constexpr Fmt kF16{10, 5};
+constexpr Fmt kBF16{7, 8};
+constexpr Fmt kF32{23, 8};
+
+int bias(Fmt f) { return (1 << (f.ebits - 1)) - 1; }
+
+double ref_decode(uint64_t bits, Fmt f) {
+  const uint64_t m = bits & ((uint64_t(1) << f.mbits) - 1);
+  const uint64_t e = (bits >> f.mbits) & ((uint64_t(1) << f.ebits) - 1);
+  const bool neg = (bits >> (f.mbits + f.ebits)) & 1;
+  double v;
+  if (e == 0) {
+    v = std::ldexp(double(m), 1 - bias(f) - f.mbits);
+  } else if (e == (uint64_t(1) << f.ebits) - 1) {
+    v = m ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
+  } else {
+    v = std::ldexp(double((uint64_t(1) << f.mbits) + m), int(e) - bias(f) - f.mbits);
+  }
+  return neg ? -v : v;
+}
+
+// x rounded to the nearest value of f, ties to even, overflowing to infinity.
+double ref_round(double x, Fmt f) {
+  if (std::isnan(x) || std::isinf(x) || x == 0) return x;
+  const int emin = 1 - bias(f);
+  const int emax = bias(f);
+  int e2;
+  std::frexp(x, &e2);
+  const int e = std::max(e2 - 1, emin);  // below emin the ulp stays that of the subnormals
+  const double units = std::nearbyint(std::ldexp(x, f.mbits - e));  // x in ulps, rounded
+  const double r = std::ldexp(units, e - f.mbits);
+  const double max_finite = std::ldexp(double((uint64_t(2) << f.mbits) - 1), emax - f.mbits);
+  if (std::fabs(r) > max_finite) return std::copysign(std::numeric_limits<double>::infinity(), x);
+  return r == 0 ? std::copysign(0.0, x) : r;
+}
+
+// Bits of r, which must be a value of f (or +-0, +-inf).
+uint64_t ref_encode(double r, Fmt f) {
+  const uint64_t sign = uint64_t(std::signbit(r)) << (f.mbits + f.ebits);
+  const double a = std::fabs(r);
+  if (std::isinf(a)) return sign | (((uint64_t(1) << f.ebits) - 1) << f.mbits);
+  if (a == 0) return sign;
+  int e2;
+  std::frexp(a, &e2);
+  const int e = e2 - 1;
+  const int emin = 1 - bias(f);
+  if (e < emin) return sign | uint64_t(std::ldexp(a, f.mbits - emin));
+  const uint64_t m = uint64_t(std::ldexp(a, f.mbits - e)) - (uint64_t(1) << f.mbits);
+  return sign | (uint64_t(e + bias(f)) << f.mbits) | m;
+}
+
+uint32_t fbits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+float ffrom(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+#ifdef TEST_HAVE_F16C_CODE
+__attribute__((target("f16c"))) uint16_t hw_float_to_fp16(float f) {
+  return static_cast<uint16_t>(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT));
+}
+__attribute__((target("f16c"))) float hw_fp16_to_float(uint16_t h) { return _cvtsh_ss(h); }
+bool have_f16c() { return __builtin_cpu_supports("f16c"); }
+#else
+uint16_t hw_float_to_fp16(float) { return 0; }
+float hw_fp16_to_float(uint16_t) { return 0; }
+bool have_f16c() { return false; }
+#endif
+
+// ---------------------------------------------------------------------------------------------
+// Elements of any dtype, read from raw bytes.
+
+enum class Cat { Float, Int, Bool, Complex };
+
+Cat category(DType t) {
+  if (is_complex(t)) return Cat::Complex;
+  if (t == DType::Bool) return Cat::Bool;
+  if (is_integral(t)) return Cat::Int;
+  return Cat::Float;
+}
+
+template <class T>
+T load(const void* p, size_t i) {
+  T v;
+  std::memcpy(&v, static_cast<const char*>(p) + i * sizeof(T), sizeof(T));
+  return v;
+}
+template <class T>
+void put(void* p, size_t i, T v) {
+  std::memcpy(static_cast<char*>(p) + i * sizeof(T), &v, sizeof(T));
+}
+
+double float_value(DType t, const void* p, size_t i) {
+  switch (t) {
+    case DType::Float32: return load<float>(p, i);
+    case DType::Float64: return load<double>(p, i);
+    case DType::Float16: return ref_decode(load<uint16_t>(p, i), kF16);
+    case DType::BFloat16: return ref_decode(load<uint16_t>(p, i), kBF16);
+    default: throw Error("float_value: not a float type");
+  }
+}
+
+// The exact result x of an op, as the kernels must round it. fp16/bf16 are computed in fp32 and
+// rounded once more, which is what torch does too; for + - * that equals rounding x straight to
+// the type, but for a quotient or a scaled value that lands in fp32's subnormal range (reachable
+// from bf16) the two can differ, so the reference follows the specification literally.
+double round_to(DType t, double x) {
+  switch (t) {
+    case DType::Float32: return ref_round(x, kF32);
+    case DType::Float64: return x;
+    case DType::Float16: return ref_round(ref_round(x, kF32), kF16);
+    case DType::BFloat16: return ref_round(ref_round(x, kF32), kBF16);
+    case DType::Complex64: return ref_round(x, kF32);
+    case DType::Complex128: return x;
+    default: throw Error("round_to: not a float type");
+  }
+}
+
+int64_t int_value(DType t, const void* p, size_t i) {
+  switch (t) {
+    case DType::Int8: return load<int8_t>(p, i);
+    case DType::UInt8: return load<uint8_t>(p, i);
+    case DType::Int16: return load<int16_t>(p, i);
+    case DType::Int32: return load<int32_t>(p, i);
+    case DType::Int64: return load<int64_t>(p, i);
+    default: throw Error("int_value: not an int type");
+  }
+}
+
+// v reduced modulo 2^bits of t, as the type would hold it.
+int64_t wrap(DType t, uint64_t v) {
+  switch (t) {
+    case DType::Int8: return static_cast<int8_t>(static_cast<uint8_t>(v));
+    case DType::UInt8: return static_cast<uint8_t>(v);
+    case DType::Int16: return static_cast<int16_t>(static_cast<uint16_t>(v));
+    case DType::Int32: return static_cast<int32_t>(static_cast<uint32_t>(v));
+    case DType::Int64: return static_cast<int64_t>(v);
+    default: throw Error("wrap: not an int type");
+  }
+}
+
+struct Cx {
+  double re, im;
+};
+Cx complex_value(DType t, const void* p, size_t i) {
+  if (t == DType::Complex64) return {load<float>(p, 2 * i), load<float>(p, 2 * i + 1)};
+  return {load<double>(p, 2 * i), load<double>(p, 2 * i + 1)};
+}
+
+std::string hex_bytes(DType t, const void* p, size_t i) {
+  const size_t es = dtype_size(t);
+  const auto* b = static_cast<const unsigned char*>(p) + i * es;
+  static const char* digits = "0123456789abcdef";
+  std::string s = "0x";
+  for (size_t k = es; k-- > 0;) {  // little-endian: most significant byte last
+    s += digits[b[k] >> 4];
+    s += digits[b[k] & 15];
+  }
+  return s;
+}
+
+// Equal as values, NaN matching NaN; the sign of a zero counts unless zero_sign_free.
+bool same_value(double got, double want, bool zero_sign_free = false) {
+  if (std::isnan(want)) return std::isnan(got);
+  if (got != want) return false;
+  if (got == 0 && !zero_sign_free) return std::signbit(got) == std::signbit(want);
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Random inputs
+
+void fill_random(DType t, void* p, size_t n, Rng& g) {
+  std::uniform_real_distribution<double> unit(-1.0, 1.0);
+  std::uniform_int_distribution<int> exp(-20, 20);
+  const double specials[] = {0.0,
+                             -0.0,
+                             std::numeric_limits<double>::infinity(),
+                             -std::numeric_limits<double>::infinity(),
+                             std::numeric_limits<double>::quiet_NaN(),
+                             1.0,
+                             -1.0};
+  switch (category(t)) {
+    case Cat::Float:
+      for (size_t i = 0; i < n; ++i) {
+        const uint64_t r = g();
+        if (t == DType::Float16 || t == DType::BFloat16) {
+          put<uint16_t>(p, i, static_cast<uint16_t>(r));  // every bit pattern, NaNs included
+          continue;
+        }
+        const int kind = static_cast<int>(r % 8);
+        double v;
+        if (kind == 0) {
+          // any bit pattern: huge, tiny, subnormal, NaN with payload
+          if (t == DType::Float32) v = ffrom(static_cast<uint32_t>(r >> 32));
+          else {
+            const uint64_t b = g();
+            std::memcpy(&v, &b, 8);
+          }
+        } else if (kind == 1) {
+          v = specials[(r >> 8) % (sizeof specials / sizeof specials[0])];
+        } else {
+          v = std::ldexp(unit(g), exp(g));
+        }
+        if (t == DType::Float32) put<float>(p, i, static_cast<float>(v));
+        else put<double>(p, i, v);
+      }
+      break;
+    case Cat::Int: {
+      auto* b = static_cast<unsigned char*>(p);
+      for (size_t i = 0; i < n * dtype_size(t); ++i) b[i] = static_cast<unsigned char>(g());
+      break;
+    }
+    case Cat::Bool: {
+      auto* b = static_cast<unsigned char*>(p);
+      for (size_t i = 0; i < n; ++i) {
+        const uint64_t r = g();
+        // Mostly 0/1 as torch writes them, some other nonzero bytes to check they count as true.
+        b[i] = (r % 4 == 0) ? static_cast<unsigned char>(r >> 8) : static_cast<unsigned char>(r & 1);
+      }
+      break;
+    }
+    case Cat::Complex:
+      for (size_t i = 0; i < 2 * n; ++i) {
+        const double v = std::ldexp(unit(g), exp(g) / 4);
+        if (t == DType::Complex64) put<float>(p, i, static_cast<float>(v));
+        else put<double>(p, i, v);
+      }
+      break;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A buffer with a misaligned start and guard bytes on both sides, to catch writes past the ends
+// that land inside the allocation (where ASan would not see them).
+
+class GuardedBuffer {
+ public:
+  static constexpr size_t kGuard = 64;
+  static constexpr unsigned char kPattern = 0xA5;
+
+  GuardedBuffer(size_t bytes, size_t misalign) : mem_(bytes + misalign + 3 * kGuard), bytes_(bytes) {
+    auto base = reinterpret_cast<uintptr_t>(mem_.data()) + kGuard;
+    base = (base + 63) & ~uintptr_t(63);
+    data_ = reinterpret_cast<unsigned char*>(base) + misalign;
+    std::fill(mem_.begin(), mem_.end(), kPattern);
+  }
+  unsigned char* data() { return data_; }
+  bool guards_intact() const {
+    const unsigned char* begin = mem_.data();
+    const unsigned char* end = mem_.data() + mem_.size();
+    for (const unsigned char* q = begin; q < data_; ++q)
+      if (*q != kPattern) return false;
+    for (const unsigned char* q = data_ + bytes_; q < end; ++q)
+      if (*q != kPattern) return false;
+    return true;
+  }
+
+ private:
+  std::vector<unsigned char> mem_;
+  size_t bytes_;
+  unsigned char* data_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Reference reduce, one element: "" if got is right, else what was wanted.
+
+std::string check_reduce_elem(DType t, RedOp op, const void* a, const void* b, const void* got,
+                              size_t i) {
+  switch (category(t)) {
+    case Cat::Float: {
+      const double x = float_value(t, a, i), y = float_value(t, b, i);
+      double want = 0;
+      switch (op) {
+        case RedOp::Sum: want = x + y; break;
+        case RedOp::Prod: want = x * y; break;
+        case RedOp::Min:
+          want = (std::isnan(x) || std::isnan(y)) ? std::numeric_limits<double>::quiet_NaN()
+                                                  : std::min(x, y);
+          break;
+        case RedOp::Max:
+          want = (std::isnan(x) || std::isnan(y)) ? std::numeric_limits<double>::quiet_NaN()
+                                                  : std::max(x, y);
+          break;
+        default: return "op not defined on floats";
+      }
+      want = round_to(t, want);
+      const double g = float_value(t, got, i);
+      // Which zero min/max return for (+0, -0) is not specified by torch either.
+      const bool zero_free = op == RedOp::Min || op == RedOp::Max;
+      if (same_value(g, want, zero_free)) return "";
+      return rrtest::message("want ", want, ", got ", g);
+    }
+    case Cat::Int: {
+      const int64_t x = int_value(t, a, i), y = int_value(t, b, i);
+      const uint64_t ux = static_cast<uint64_t>(x), uy = static_cast<uint64_t>(y);
+      int64_t want = 0;
+      switch (op) {
+        case RedOp::Sum: want = wrap(t, ux + uy); break;
+        case RedOp::Prod: want = wrap(t, ux * uy); break;
+        case RedOp::Min: want = std::min(x, y); break;
+        case RedOp::Max: want = std::max(x, y); break;
+        case RedOp::BAnd: want = wrap(t, ux & uy); break;
+        case RedOp::BOr: want = wrap(t, ux | uy); break;
+        case RedOp::BXor: want = wrap(t, ux ^ uy); break;
+      }
+      const int64_t g = int_value(t, got, i);
+      if (g == want) return "";
+      return rrtest::message("want ", want, ", got ", g);
+    }
+    case Cat::Bool: {
+      const bool x = load<uint8_t>(a, i) != 0, y = load<uint8_t>(b, i) != 0;
+      bool want = false;
+      switch (op) {
+        case RedOp::Sum: case RedOp::Max: case RedOp::BOr: want = x || y; break;
+        case RedOp::Prod: case RedOp::Min: case RedOp::BAnd: want = x && y; break;
+        case RedOp::BXor: want = x != y; break;
+      }
+      const unsigned g = load<uint8_t>(got, i);
+      if (g == (want ? 1u : 0u)) return "";
+      return rrtest::message("want byte ", int(want), ", got ", g);
+    }
+    case Cat::Complex: {
+      const Cx x = complex_value(t, a, i), y = complex_value(t, b, i);
+      const Cx g = complex_value(t, got, i);
+      if (op == RedOp::Sum) {
+        const Cx want{round_to(t, x.re + y.re), round_to(t, x.im + y.im)};
+        if (same_value(g.re, want.re) && same_value(g.im, want.im)) return "";
+        return rrtest::message("want (", want.re, ", ", want.im, "), got (", g.re, ", ", g.im, ")");
+      }
+      // Prod: the kernel rounds each of the four products and the two sums, so compare within a
+      // few ulps of the magnitudes involved, against a wider computation.
+      using LD = long double;
+      const LD rr = LD(x.re) * y.re, ii = LD(x.im) * y.im, ri = LD(x.re) * y.im, ir = LD(x.im) * y.re;
+      const LD want_re = rr - ii, want_im = ri + ir;
+      const double eps = t == DType::Complex64 ? 0x1p-24 : 0x1p-53;
+      const LD tol_re = 4 * eps * (std::fabs(rr) + std::fabs(ii)) + 1e-300L;
+      const LD tol_im = 4 * eps * (std::fabs(ri) + std::fabs(ir)) + 1e-300L;
+      if (std::fabs(LD(g.re) - want_re) <= tol_re && std::fabs(LD(g.im) - want_im) <= tol_im) return "";
+      return rrtest::message("want (", double(want_re), ", ", double(want_im), "), got (", g.re,
+                             ", ", g.im, ")");
+    }
+  }
+  return "unknown category";
+}
+
+bool supported(DType t, RedOp op) {
+  if (is_complex(t)) return op == RedOp::Sum || op == RedOp::Prod;
+  if (is_floating(t)) return op == RedOp::Sum || op == RedOp::Prod || op == RedOp::Min || op == RedOp::Max;
+  return true;
+}
+
+// Passes if fn throws a ringreduce::Error whose message names every string in `names`.
+void expect_error_naming(const char* file, int line, const std::function<void()>& fn,
+                         std::initializer_list<const char*> names) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    for (const char* s : names) {
+      if (!std::strstr(e.what(), s)) {
+        rrtest::fail(file, line, "error names the dtype and op",
+                     rrtest::message("\"", e.what(), "\" does not contain \"", s, "\""));
+      }
+    }
+    return;
+  }
+  rrtest::fail(file, line, "expected a ringreduce::Error", "nothing was thrown");
+}
+#define EXPECT_ERROR_NAMING(expr, ...) \
+  expect_error_naming(__FILE__, __LINE__, [&] { expr; }, {__VA_ARGS__})
+
+enum class Alias { None, DstIsA, DstIsB, SameInputs, AllSame };
+const char* alias_name(Alias m) {
+  switch (m) {
+    case Alias::None: return "distinct";
+    case Alias::DstIsA: return "dst==a";
+    case Alias::DstIsB: return "dst==b";
+    case Alias::SameInputs: return "a==b";
+    case Alias::AllSame: return "dst==a==b";
+  }
+  return "?";
+}
+
+}  // namespace
+
+// =============================================================================================
+// dtype table
+
+RR_TEST(dtype_table) {
+  struct Row {
+    DType t;
+    size_t size;
+    const char* name;
+    bool floating, complex, integral;
+  };
+  const Row rows[] = {
+      {DType::Float32, 4, "float32", true, false, false},
+      {DType::Float64, 8, "float64", true, false, false},
+      {DType::Float16, 2, "float16", true, false, false},
+      {DType::BFloat16, 2, "bfloat16", true, false, false},
+      {DType::Int8, 1, "int8", false, false, true},
+      {DType::UInt8, 1, "uint8", false, false, true},
+      {DType::Int16, 2, "int16", false, false, true},
+      {DType::Int32, 4, "int32", false, false, true},
+      {DType::Int64, 8, "int64", false, false, true},
+      {DType::Bool, 1, "bool", false, false, true},
+      {DType::Complex64, 8, "complex64", false, true, false},
+      {DType::Complex128, 16, "complex128", false, true, false},
+  };
+  for (const Row& r : rows) {
+    RR_EXPECT(dtype_size(r.t) == r.size, r.name);
+    RR_EXPECT(std::string(dtype_name(r.t)) == r.name, dtype_name(r.t), " vs ", r.name);
+    RR_EXPECT(is_floating(r.t) == r.floating, r.name);
+    RR_EXPECT(is_complex(r.t) == r.complex, r.name);
+    RR_EXPECT(is_integral(r.t) == r.integral, r.name);
+  }
+  const char* op_names[] = {"sum", "product", "min", "max", "band", "bor", "bxor"};
+  for (size_t i = 0; i < 7; ++i) {
+    RR_EXPECT(std::string(redop_name(kAllOps[i])) == op_names[i], redop_name(kAllOps[i]));
+  }
+  RR_EXPECT_THROWS(dtype_size(static_cast<DType>(200)), "unknown dtype");
+  RR_EXPECT(unsupported_reason(static_cast<DType>(200), RedOp::Sum) != nullptr);
+  RR_EXPECT(unsupported_reason(DType::Float32, static_cast<RedOp>(200)) != nullptr);
+}
+
+RR_TEST(unsupported_reason_matrix) {
+  for (DType t : kAllTypes) {
+    for (RedOp op : kAllOps) {
+      const char* why = unsupported_reason(t, op);
+      RR_EXPECT((why == nullptr) == supported(t, op), dtype_name(t), " ", redop_name(op), ": ",
+                why ? why : "(supported)");
+      if (!why) continue;
+      if (is_complex(t) && (op == RedOp::Min || op == RedOp::Max)) {
+        RR_EXPECT(std::strstr(why, "complex") && std::strstr(why, redop_name(op)), why);
+      } else {
+        RR_EXPECT(std::strstr(why, "bitwise") && std::strstr(why, "integer"), why);
+      }
+    }
+  }
+}
+
+// =============================================================================================
+// fp16 / bf16 conversions
+
+RR_TEST(fp16_to_float_all_patterns) {
+  const bool hw = have_f16c();
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float got = fp16_to_float(static_cast<uint16_t>(h));
+    const double want = ref_decode(h, kF16);
+    if (std::isnan(want)) {
+      // NaN: made quiet, payload kept in the top mantissa bits, sign kept.
+      const uint32_t g = fbits(got);
+      RR_EXPECT(std::isnan(got), "h=", h);
+      RR_EXPECT(((g >> 13) & 0x3FF) == ((h & 0x3FF) | 0x200), "h=", h, " got bits ", g);
+      RR_EXPECT((g >> 31) == (h >> 15), "h=", h);
+    } else {
+      RR_EXPECT(same_value(got, want), "h=", h, " want ", want, " got ", got);
+    }
+    if (hw) RR_EXPECT(fbits(got) == fbits(hw_fp16_to_float(static_cast<uint16_t>(h))), "h=", h);
+  }
+}
+
+RR_TEST(fp16_round_trip_all_patterns) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const uint16_t back = float_to_fp16(fp16_to_float(static_cast<uint16_t>(h)));
+    const bool nan = (h & 0x7C00) == 0x7C00 && (h & 0x3FF) != 0;
+    const uint32_t want = nan ? (h | 0x200) : h;  // a NaN comes back quiet
+    RR_EXPECT(back == want, "h=", h, " back=", back);
+  }
+}
+
+// Every rounding boundary of fp16: the midpoint between each pair of neighbours, and the floats
+// just either side of it, plus a stride through all float bit patterns.
+RR_TEST(float_to_fp16_rounding) {
+  const bool hw = have_f16c();
+  auto check = [&](float f) {
+    const uint16_t got = float_to_fp16(f);
+    const uint32_t u = fbits(f);
+    uint32_t want;
+    if (std::isnan(f)) want = ((u >> 16) & 0x8000) | 0x7E00 | ((u >> 13) & 0x3FF);
+    else want = static_cast<uint32_t>(ref_encode(ref_round(f, kF16), kF16));
+    RR_EXPECT(got == want, "f=", f, " (bits ", u, ") want ", want, " got ", got);
+    if (hw) RR_EXPECT(got == hw_float_to_fp16(f), "f=", f, " (bits ", u, ") vs F16C");
+  };
+  for (uint32_t h = 0; h < 0x7C00; ++h) {
+    for (double sign : {1.0, -1.0}) {
+      const double lo = ref_decode(h, kF16);
+      const double hi = h + 1 < 0x7C00 ? ref_decode(h + 1, kF16) : 65536.0;  // 65536: "next" past max
+      const float mid = static_cast<float>(sign * (lo + hi) / 2);  // 12 significant bits: exact
+      check(mid);
+      check(std::nextafter(mid, 0.0f));
+      check(std::nextafter(mid, static_cast<float>(sign) * std::numeric_limits<float>::infinity()));
+    }
+  }
+  for (uint64_t u = 0; u < (uint64_t(1) << 32); u += 997) check(ffrom(static_cast<uint32_t>(u)));
+  check(ffrom(0x7F800001u));  // signalling NaN
+  check(ffrom(0xFF800001u));
+}
+
+RR_TEST(bf16_conversions) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float f = bf16_to_float(static_cast<uint16_t>(h));
+    RR_EXPECT(fbits(f) == h << 16, "h=", h);
+    const double want = ref_decode(h, kBF16);
+    RR_EXPECT(same_value(f, want), "h=", h);
+    const uint16_t back = float_to_bf16(f);
+    const bool nan = (h & 0x7F80) == 0x7F80 && (h & 0x7F) != 0;
+    RR_EXPECT(back == (nan ? (h | 0x40) : h), "h=", h, " back=", back);
+  }
+  auto check = [&](float f) {
+    const uint16_t got = float_to_bf16(f);
+    const uint32_t u = fbits(f);
+    if (std::isnan(f)) {
+      RR_EXPECT(got == ((u >> 16) | 0x40), "bits ", u, " got ", got);
+    } else {
+      const uint64_t want = ref_encode(ref_round(f, kBF16), kBF16);
+      RR_EXPECT(got == want, "f=", f, " (bits ", u, ") want ", want, " got ", got);
+    }
+  };
+  for (uint32_t h = 0; h < 0x7F80; ++h) {
+    for (double sign : {1.0, -1.0}) {
+      const double lo = ref_decode(h, kBF16);
+      const double hi = h + 1 < 0x7F80 ? ref_decode(h + 1, kBF16) : std::ldexp(1.0, 128);
+      const double mid_d = sign * (lo + hi) / 2;
+      if (std::fabs(mid_d) > std::numeric_limits<float>::max()) continue;
+      const float mid = static_cast<float>(mid_d);
+      check(mid);
+      check(std::nextafter(mid, 0.0f));
+      check(std::nextafter(mid, static_cast<float>(sign) * std::numeric_limits<float>::infinity()));
+    }
+  }
+  for (uint64_t u = 0; u < (uint64_t(1) << 32); u += 997) check(ffrom(static_cast<uint32_t>(u)));
+}
+
+// The reference rounding itself, against the compiler's double -> float conversion.
+RR_TEST(reference_rounding_matches_float_cast) {
+  Rng g(7);
+  for (int i = 0; i < 200000; ++i) {
+    uint64_t b = g();
+    double x;
+    std::memcpy(&x, &b, 8);
+    int e;
+    x = std::ldexp(std::frexp(x, &e), int(g() % 300) - 160);  // around float's range
+    if (std::isnan(x) || std::fabs(x) > std::numeric_limits<float>::max()) continue;
+    const float f = static_cast<float>(x);
+    RR_EXPECT(same_value(ref_round(x, kF32), f), "x=", x);
+    RR_EXPECT(ref_encode(f, kF32) == fbits(f), "x=", x);
+  }
+}
+
+// =============================================================================================
+// reduce
+
+RR_TEST(reduce_all_dtypes_ops_counts_alignments_aliasing) {
+  Rng g(12345);
+  const Alias modes[] = {Alias::None, Alias::DstIsA, Alias::DstIsB, Alias::SameInputs,
+                         Alias::AllSame};
+  size_t cases = 0;
+  for (DType t : kAllTypes) {
+    const size_t es = dtype_size(t);
+    for (RedOp op : kAllOps) {
+      if (!supported(t, op)) continue;
+      for (size_t n : kCounts) {
+        for (size_t offset : {size_t(0), size_t(1)}) {  // in elements
+          for (Alias mode : modes) {
+            const size_t bytes = n * es;
+            GuardedBuffer A(bytes, offset * es), B(bytes, offset * es), D(bytes, offset * es);
+            fill_random(t, A.data(), n, g);
+            fill_random(t, B.data(), n, g);
+            void* a = A.data();
+            void* b = (mode == Alias::SameInputs || mode == Alias::AllSame) ? A.data() : B.data();
+            void* dst = D.data();
+            if (mode == Alias::DstIsA || mode == Alias::AllSame) dst = a;
+            if (mode == Alias::DstIsB) dst = b;
+            const std::vector<unsigned char> a0(A.data(), A.data() + bytes);
+            const std::vector<unsigned char> b0(static_cast<unsigned char*>(b),
+                                                static_cast<unsigned char*>(b) + bytes);
+            reduce(dst, a, b, n, t, op);
+            ++cases;
+            int bad = 0;
+            for (size_t i = 0; i < n && bad < 3; ++i) {
+              const std::string why = check_reduce_elem(t, op, a0.data(), b0.data(), dst, i);
+              if (!why.empty()) {
+                ++bad;
+                rrtest::fail(__FILE__, __LINE__, "reduce result",
+                             rrtest::message(dtype_name(t), " ", redop_name(op), " n=", n,
+                                             " offset=", offset, " ", alias_name(mode), " i=", i,
+                                             ": a=", hex_bytes(t, a0.data(), i), " b=",
+                                             hex_bytes(t, b0.data(), i), " got ",
+                                             hex_bytes(t, dst, i), ": ", why));
+              }
+            }
+            RR_EXPECT(A.guards_intact() && B.guards_intact() && D.guards_intact(), dtype_name(t),
+                      " ", redop_name(op), " n=", n, " ", alias_name(mode),
+                      ": wrote outside the buffer");
+            // Inputs that are not the output are left alone. (memcmp: not with n = 0, where the
+            // copies' data() may be null.)
+            if (n > 0 && dst != a) RR_EXPECT(std::memcmp(a, a0.data(), bytes) == 0, "a modified");
+            if (n > 0 && dst != b && b != a) {
+              RR_EXPECT(std::memcmp(b, b0.data(), bytes) == 0, "b modified");
+            }
+          }
+        }
+      }
+    }
+  }
+  RR_EXPECT(cases > 3000, "ran ", cases, " cases");
+}
+
+RR_TEST(reduce_unsupported_throws_naming_dtype_and_op) {
+  float buf[8] = {};
+  for (DType t : kAllTypes) {
+    for (RedOp op : kAllOps) {
+      if (supported(t, op)) continue;
+      // Also for n = 0: an invalid combination is a bug whatever the size.
+      EXPECT_ERROR_NAMING(reduce(buf, buf, buf, 1, t, op), dtype_name(t), redop_name(op));
+      EXPECT_ERROR_NAMING(reduce(buf, buf, buf, 0, t, op), dtype_name(t), redop_name(op));
+    }
+  }
+  EXPECT_ERROR_NAMING(reduce(buf, buf, buf, 1, static_cast<DType>(99), RedOp::Sum), "dtype");
+}
+
+RR_TEST(reduce_rejects_partial_overlap_and_null) {
+  float buf[64] = {};
+  float other[64] = {};
+  RR_EXPECT_THROWS(reduce(buf + 1, buf, other, 32, DType::Float32, RedOp::Sum), "overlap");
+  RR_EXPECT_THROWS(reduce(buf, other, buf + 3, 32, DType::Float32, RedOp::Sum), "overlap");
+  RR_EXPECT_THROWS(reduce(nullptr, other, buf, 32, DType::Float32, RedOp::Sum), "null");
+  reduce(nullptr, nullptr, nullptr, 0, DType::Float32, RedOp::Sum);  // n = 0: nothing to touch
+}
+
+RR_TEST(min_max_propagate_nan) {
+  const DType types[] = {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16};
+  const size_t n = 37;
+  const size_t nan_at[] = {0, 5, 8, 16, 31, 36};
+  Rng g(99);
+  for (DType t : types) {
+    const size_t es = dtype_size(t);
+    for (RedOp op : {RedOp::Min, RedOp::Max}) {
+      for (int in_place = 0; in_place < 2; ++in_place) {
+        std::vector<unsigned char> a(n * es), b(n * es), d(n * es);
+        // finite values, then NaN in a at some positions and in b at others
+        for (size_t i = 0; i < n; ++i) {
+          const double v = std::ldexp(std::uniform_real_distribution<double>(-1, 1)(g), 3);
+          const double w = std::ldexp(std::uniform_real_distribution<double>(-1, 1)(g), 3);
+          auto set = [&](std::vector<unsigned char>& buf, double x) {
+            switch (t) {
+              case DType::Float32: put<float>(buf.data(), i, float(x)); break;
+              case DType::Float64: put<double>(buf.data(), i, x); break;
+              case DType::Float16: put<uint16_t>(buf.data(), i, float_to_fp16(float(x))); break;
+              default: put<uint16_t>(buf.data(), i, float_to_bf16(float(x))); break;
+            }
+          };
+          set(a, v);
+          set(b, w);
+        }
+        int k = 0;
+        for (size_t i : nan_at) {
+          auto& buf = (k++ % 2) ? b : a;
+          const double nan = std::numeric_limits<double>::quiet_NaN();
+          switch (t) {
+            case DType::Float32: put<float>(buf.data(), i, float(nan)); break;
+            case DType::Float64: put<double>(buf.data(), i, nan); break;
+            case DType::Float16: put<uint16_t>(buf.data(), i, uint16_t(0x7E00)); break;
+            default: put<uint16_t>(buf.data(), i, uint16_t(0x7FC0)); break;
+          }
+        }
+        void* out = in_place ? a.data() : d.data();
+        reduce(out, a.data(), b.data(), n, t, op);
+        for (size_t i = 0; i < n; ++i) {
+          const bool want_nan = std::find(std::begin(nan_at), std::end(nan_at), i) != std::end(nan_at);
+          RR_EXPECT(std::isnan(float_value(t, out, i)) == want_nan, dtype_name(t), " ",
+                    redop_name(op), " i=", i, " got ", float_value(t, out, i));
+        }
+      }
+    }
+  }
+}
+
+RR_TEST(reduce_spot_values) {
+  // A few by hand, so a wrong reference cannot hide a wrong kernel.
+  const float a[3] = {1.5f, -2.0f, 3.0f}, b[3] = {2.25f, 4.0f, -1.0f};
+  float d[3];
+  reduce(d, a, b, 3, DType::Float32, RedOp::Sum);
+  RR_EXPECT(d[0] == 3.75f && d[1] == 2.0f && d[2] == 2.0f);
+  reduce(d, a, b, 3, DType::Float32, RedOp::Prod);
+  RR_EXPECT(d[0] == 3.375f && d[1] == -8.0f && d[2] == -3.0f);
+  const int8_t x[2] = {100, -128}, y[2] = {100, -1};
+  int8_t z[2];
+  reduce(z, x, y, 2, DType::Int8, RedOp::Sum);
+  RR_EXPECT(z[0] == -56 && z[1] == 127, int(z[0]), " ", int(z[1]));  // wraps like torch
+  const uint16_t h1[1] = {0x3C00}, h2[1] = {0x3C00};  // 1.0 + 1.0 in fp16
+  uint16_t h3[1];
+  reduce(h3, h1, h2, 1, DType::Float16, RedOp::Sum);
+  RR_EXPECT(h3[0] == 0x4000, h3[0]);
+  const uint16_t big[1] = {0x7BFF};  // 65504 + 65504 overflows fp16
+  reduce(h3, big, big, 1, DType::Float16, RedOp::Sum);
+  RR_EXPECT(h3[0] == 0x7C00, h3[0]);
+  const float c1[2] = {1, 2}, c2[2] = {3, 4};  // (1+2i)(3+4i) = -5+10i
+  float c3[2];
+  reduce(c3, c1, c2, 1, DType::Complex64, RedOp::Prod);
+  RR_EXPECT(c3[0] == -5 && c3[1] == 10, c3[0], " ", c3[1]);
+  const uint8_t p[4] = {0, 1, 2, 0}, q[4] = {0, 0, 7, 3};
+  uint8_t r[4];
+  reduce(r, p, q, 4, DType::Bool, RedOp::BXor);
+  RR_EXPECT(r[0] == 0 && r[1] == 1 && r[2] == 0 && r[3] == 1);
+  reduce(r, p, q, 4, DType::Bool, RedOp::Sum);
+  RR_EXPECT(r[0] == 0 && r[1] == 1 && r[2] == 1 && r[3] == 1);
+}
+
+// =============================================================================================
+// divide and scale
+
+RR_TEST(divide_all_dtypes) {
+  Rng g(2024);
+  const int64_t divisors[] = {1, 2, 3, 4, 7, -3, -1, 1000};
+  for (DType t : kAllTypes) {
+    if (t == DType::Bool) continue;
+    const size_t es = dtype_size(t);
+    for (int64_t dv : divisors) {
+      for (size_t n : {size_t(1), size_t(17), size_t(1009)}) {
+        for (int in_place = 0; in_place < 2; ++in_place) {
+          GuardedBuffer S(n * es, es), D(n * es, es);
+          fill_random(t, S.data(), n, g);
+          const std::vector<unsigned char> s0(S.data(), S.data() + n * es);
+          void* out = in_place ? S.data() : D.data();
+          divide(out, S.data(), n, t, dv);
+          int bad = 0;
+          for (size_t i = 0; i < n && bad < 3; ++i) {
+            std::string why;
+            switch (category(t)) {
+              case Cat::Float: {
+                const double want = round_to(t, float_value(t, s0.data(), i) / double(dv));
+                const double got = float_value(t, out, i);
+                if (!same_value(got, want)) why = rrtest::message("want ", want, " got ", got);
+                break;
+              }
+              case Cat::Int: {
+                const int64_t x = int_value(t, s0.data(), i);
+                const int64_t want = dv == -1 ? wrap(t, 0 - static_cast<uint64_t>(x)) : wrap(t, static_cast<uint64_t>(x / dv));
+                const int64_t got = int_value(t, out, i);
+                if (got != want) why = rrtest::message(x, " / ", dv, ": want ", want, " got ", got);
+                break;
+              }
+              case Cat::Complex: {
+                const Cx x = complex_value(t, s0.data(), i), got = complex_value(t, out, i);
+                const double wr = round_to(t, x.re / double(dv)), wi = round_to(t, x.im / double(dv));
+                if (!same_value(got.re, wr) || !same_value(got.im, wi)) why = "complex quotient";
+                break;
+              }
+              default: break;
+            }
+            if (!why.empty()) {
+              ++bad;
+              rrtest::fail(__FILE__, __LINE__, "divide",
+                           rrtest::message(dtype_name(t), " /", dv, " n=", n, " i=", i, ": ", why));
+            }
+          }
+          RR_EXPECT(S.guards_intact() && D.guards_intact(), dtype_name(t), ": wrote outside");
+        }
+      }
+    }
+  }
+}
+
+RR_TEST(divide_integer_truncates_toward_zero) {
+  const int32_t src[6] = {-7, 7, -1, 1, -8, 8};
+  int32_t out[6];
+  divide(out, src, 6, DType::Int32, 2);
+  const int32_t want[6] = {-3, 3, 0, 0, -4, 4};
+  for (int i = 0; i < 6; ++i) RR_EXPECT(out[i] == want[i], "i=", i, " got ", out[i]);
+  divide(out, src, 6, DType::Int32, -2);
+  for (int i = 0; i < 6; ++i) RR_EXPECT(out[i] == -want[i], "i=", i, " got ", out[i]);
+  const int64_t m[2] = {std::numeric_limits<int64_t>::min(), -5};
+  int64_t mo[2];
+  divide(mo, m, 2, DType::Int64, -1);  // wraps, does not trap
+  RR_EXPECT(mo[0] == std::numeric_limits<int64_t>::min() && mo[1] == 5);
+  const int8_t s8[1] = {-128};
+  int8_t o8[1];
+  divide(o8, s8, 1, DType::Int8, -1);
+  RR_EXPECT(o8[0] == -128, int(o8[0]));
+  const float f[2] = {1.0f, -3.0f};
+  float fo[2];
+  divide(fo, f, 2, DType::Float32, 4);
+  RR_EXPECT(fo[0] == 0.25f && fo[1] == -0.75f);
+}
+
+RR_TEST(divide_rejects_bool_and_zero) {
+  uint8_t b[4] = {1, 0, 1, 1};
+  EXPECT_ERROR_NAMING(divide(b, b, 4, DType::Bool, 2), "bool", "divide");
+  EXPECT_ERROR_NAMING(divide(b, b, 0, DType::Bool, 2), "bool", "divide");
+  float f[4] = {};
+  EXPECT_ERROR_NAMING(divide(f, f, 4, DType::Float32, 0), "float32", "divide", "zero");
+}
+
+RR_TEST(scale_float_and_complex) {
+  Rng g(77);
+  const double factors[] = {0.5, 3.0, -1.25, 0.1, 1e-3, 1e30};
+  for (DType t : kAllTypes) {
+    if (is_integral(t)) {
+      std::vector<unsigned char> buf(16 * dtype_size(t));
+      EXPECT_ERROR_NAMING(scale(buf.data(), buf.data(), 16, t, 2.0), dtype_name(t), "scale");
+      continue;
+    }
+    const size_t es = dtype_size(t);
+    // The kernel rounds the factor to the type it computes in (fp32 except for 64-bit types).
+    const bool wide = t == DType::Float64 || t == DType::Complex128;
+    for (double f : factors) {
+      const double fm = wide ? f : double(float(f));
+      for (size_t n : {size_t(1), size_t(16), size_t(1009)}) {
+        for (int in_place = 0; in_place < 2; ++in_place) {
+          GuardedBuffer S(n * es, es), D(n * es, es);
+          fill_random(t, S.data(), n, g);
+          const std::vector<unsigned char> s0(S.data(), S.data() + n * es);
+          void* out = in_place ? S.data() : D.data();
+          scale(out, S.data(), n, t, f);
+          int bad = 0;
+          for (size_t i = 0; i < n && bad < 3; ++i) {
+            bool ok;
+            if (is_complex(t)) {
+              const Cx x = complex_value(t, s0.data(), i), got = complex_value(t, out, i);
+              ok = same_value(got.re, round_to(t, x.re * fm)) && same_value(got.im, round_to(t, x.im * fm));
+            } else {
+              ok = same_value(float_value(t, out, i), round_to(t, float_value(t, s0.data(), i) * fm));
+            }
+            if (!ok) {
+              ++bad;
+              rrtest::fail(__FILE__, __LINE__, "scale",
+                           rrtest::message(dtype_name(t), " *", f, " n=", n, " i=", i, " src ",
+                                           hex_bytes(t, s0.data(), i), " got ", hex_bytes(t, out, i)));
+            }
+          }
+          RR_EXPECT(S.guards_intact() && D.guards_intact(), dtype_name(t), ": wrote outside");
+        }
+      }
+    }
+  }
+}
+
+// =============================================================================================
+// copy
+
+RR_TEST(copy_sizes_alignments_streaming) {
+  // 256 KiB is where copy() starts using non-temporal stores (kStreamingMinBytes in reduce_cpu.cpp).
+  const size_t T = 256 * 1024;
+  const size_t sizes[] = {0, 1, 15, 16, 17, 63, 64, 65, 4095, T - 1, T, T + 1, T + 63, T + 81,
+                          4 * T + 5, (size_t(1) << 20) + 3};
+  const size_t max_size = *std::max_element(std::begin(sizes), std::end(sizes));
+  std::vector<unsigned char> pool(max_size + 64);
+  Rng g(5);
+  for (auto& c : pool) c = static_cast<unsigned char>(g());
+  size_t start = 0;
+  for (size_t n : sizes) {
+    for (bool streaming : {false, true}) {
+      for (size_t soff : {0, 1, 3, 7, 32}) {
+        for (size_t doff : {0, 1, 5, 13, 48}) {
+          GuardedBuffer S(n, soff), D(n, doff);
+          start = (start + 7) % 64;
+          std::memcpy(S.data(), pool.data() + start, n);
+          copy(D.data(), S.data(), n, streaming);
+          RR_EXPECT(std::memcmp(D.data(), pool.data() + start, n) == 0, "n=", n, " streaming=",
+                    streaming, " soff=", soff, " doff=", doff);
+          RR_EXPECT(std::memcmp(S.data(), pool.data() + start, n) == 0, "source modified");
+          RR_EXPECT(D.guards_intact() && S.guards_intact(), "n=", n, " streaming=", streaming,
+                    " soff=", soff, " doff=", doff, ": wrote outside");
+        }
+      }
+    }
+  }
+}
+
+RR_TEST(copy_self_and_overlap) {
+  std::vector<unsigned char> buf(1024, 7);
+  copy(buf.data(), buf.data(), buf.size(), true);  // a no-op, not undefined
+  RR_EXPECT_THROWS(copy(buf.data() + 1, buf.data(), 512), "overlap");
+  copy(nullptr, nullptr, 0);
+}
+
+RR_TEST_MAIN()
