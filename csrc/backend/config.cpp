@@ -51,7 +51,7 @@ Config Config::from_env() {
   }
   if (const char* v = std::getenv("RINGREDUCE_SLOTS")) {
     const uint64_t s = parse_uint("RINGREDUCE_SLOTS", v);
-    RR_CHECK(s >= 1 && s <= 64, "ringreduce: RINGREDUCE_SLOTS=", v, " must be between 1 and 64");
+    RR_CHECK(s >= 2 && s <= 64, "ringreduce: RINGREDUCE_SLOTS=", v, " must be between 2 and 64");
     c.slots = static_cast<uint32_t>(s);
   }
   if (const char* v = std::getenv("RINGREDUCE_SPIN_US")) {

@@ -71,8 +71,10 @@ ShmTransport::ShmTransport(Bootstrap& bs, int rank, int size, const ShmConfig& c
   RR_CHECK(cfg.slot_bytes >= 64 && cfg.slot_bytes % 64 == 0,
            "ringreduce shm: slot size must be a multiple of 64 bytes and at least 64, got ",
            cfg.slot_bytes);
-  RR_CHECK(cfg.nslots >= 1 && cfg.nslots <= 1024, "ringreduce shm: slots per link must be in [1, 1024], got ",
-           cfg.nslots);
+  // The ring's fused steps hold the slot they receive from while they wait for the slot they send
+  // to; with one slot per link every rank could hold one and wait for the next: two break the cycle.
+  RR_CHECK(cfg.nslots >= 2 && cfg.nslots <= 1024,
+           "ringreduce shm: slots per link must be in [2, 1024], got ", cfg.nslots);
   static_assert(sizeof(Segment) <= kPage, "segment header must fit in one page");
   static_assert(sizeof(Fifo) <= kPage, "fifo control must fit in one page");
 

@@ -23,7 +23,7 @@ namespace ringreduce {
 
 struct ShmConfig {
   size_t slot_bytes = 256 << 10;          // payload bytes of one slot (= largest slice)
-  uint32_t nslots = 4;                    // slots per FIFO: how far a sender may run ahead
+  uint32_t nslots = 4;                    // slots per FIFO (>= 2): how far a sender may run ahead
   std::chrono::microseconds spin{20};     // spin this long before sleeping on a futex
 };
 

@@ -1,0 +1,313 @@
+// The ring over the shared-memory transport, with threads as ranks: the segments, FIFOs and futex
+// waits are exactly those used between processes, and the sanitizer builds see every access.
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/error.h"
+#include "ring/ring.h"
+#include "rrtest.h"
+#include "transport/shm/shm_transport.h"
+
+using namespace ringreduce;
+using std::chrono::milliseconds;
+
+namespace {
+
+// The store, in process: get() waits for the key, with a deadline.
+class MapBootstrap : public Bootstrap {
+ public:
+  void set(const std::string& k, const std::string& v) override {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      kv_[k] = v;
+    }
+    cv_.notify_all();
+  }
+  std::string get(const std::string& k) override {
+    std::unique_lock<std::mutex> l(mu_);
+    if (!cv_.wait_for(l, std::chrono::seconds(20), [&] { return kv_.count(k) > 0; })) {
+      throw Error("test bootstrap: timed out waiting for key " + k);
+    }
+    return kv_[k];
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, std::string> kv_;
+};
+
+struct RankResult {
+  std::string error;  // what() of the exception the rank ended with, "" if none
+  bool timeout = false;
+  bool aborted = false;
+  double seconds = 0;
+};
+
+// Runs fn(rank, ring, transport) on n threads, one transport per thread, all built at once.
+std::vector<RankResult> run_group(int n, ShmConfig cfg,
+                                  const std::function<void(int, Ring&, ShmTransport&)>& fn) {
+  MapBootstrap bs;
+  std::vector<RankResult> results(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      const auto start = Clock::now();
+      try {
+        ShmTransport t(bs, r, n, cfg);
+        Ring ring(t, cfg.slot_bytes);
+        fn(r, ring, t);
+      } catch (const TimeoutError& e) {
+        results[r].error = e.what();
+        results[r].timeout = true;
+      } catch (const AbortedError& e) {
+        results[r].error = e.what();
+        results[r].aborted = true;
+      } catch (const std::exception& e) {
+        results[r].error = e.what();
+      }
+      results[r].seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results;
+}
+
+ShmConfig config(size_t slot_bytes, uint32_t slots) {
+  ShmConfig c;
+  c.slot_bytes = slot_bytes;
+  c.nslots = slots;
+  c.spin = std::chrono::microseconds(20);
+  return c;
+}
+
+OpContext ctx(uint64_t seq, const char* name = "allreduce") {
+  OpContext c;
+  c.name = name;
+  c.seq = seq;
+  c.timeout = milliseconds(20000);
+  return c;
+}
+
+int32_t input_of(int rank, size_t i, uint32_t seed) {
+  return static_cast<int32_t>((i * 2654435761u + static_cast<uint32_t>(rank) * 40503u + seed) % 2001) - 1000;
+}
+
+void expect_all_ok(const std::vector<RankResult>& res, const std::string& what) {
+  for (size_t r = 0; r < res.size(); ++r) {
+    RR_EXPECT(res[r].error.empty(), what, ": rank ", r, " failed: ", res[r].error);
+  }
+}
+
+}  // namespace
+
+RR_TEST(allreduce_int32_sum_exact_over_sizes_slices_and_slots) {
+  std::mt19937 rng(7);
+  for (int n = 1; n <= 4; ++n) {
+    for (size_t slot : {size_t(64), size_t(4096)}) {
+      for (uint32_t slots : {2u, 3u}) {
+        const std::vector<size_t> counts = {0, 1, size_t(n > 1 ? n - 1 : 2), 1009, 100003};
+        const uint32_t seed = rng();
+        std::vector<std::vector<std::vector<int32_t>>> outs(n);
+        auto res = run_group(n, config(slot, slots), [&](int r, Ring& ring, ShmTransport&) {
+          uint64_t seq = 0;
+          for (size_t count : counts) {
+            for (int inplace = 0; inplace < 2; ++inplace) {
+              std::vector<int32_t> in(count), out(count, 12345);
+              for (size_t i = 0; i < count; ++i) in[i] = input_of(r, i, seed);
+              if (inplace) {
+                ring.allreduce(in.data(), in.data(), count, DType::Int32, RedOp::Sum, 1, ctx(seq++),
+                               Deadline::after(milliseconds(20000)));
+                outs[r].push_back(in);
+              } else {
+                ring.allreduce(in.data(), out.data(), count, DType::Int32, RedOp::Sum, 1, ctx(seq++),
+                               Deadline::after(milliseconds(20000)));
+                for (size_t i = 0; i < count; ++i) {
+                  if (in[i] != input_of(r, i, seed)) throw Error("out-of-place allreduce wrote its input");
+                }
+                outs[r].push_back(out);
+              }
+            }
+          }
+        });
+        const std::string where = rrtest::message("n=", n, " slot=", slot, " slots=", slots);
+        expect_all_ok(res, where);
+        if (!res[0].error.empty()) continue;
+        size_t k = 0;
+        for (size_t count : counts) {
+          for (int inplace = 0; inplace < 2; ++inplace, ++k) {
+            size_t wrong = 0;
+            for (size_t i = 0; i < count; ++i) {
+              int64_t want = 0;
+              for (int r = 0; r < n; ++r) want += input_of(r, i, seed);
+              for (int r = 0; r < n; ++r) wrong += outs[r][k][i] != want;
+            }
+            RR_EXPECT(wrong == 0, where, " count=", count, " inplace=", inplace, ": ", wrong,
+                      " wrong elements");
+          }
+        }
+      }
+    }
+  }
+}
+
+RR_TEST(allreduce_float_is_bit_identical_across_ranks_and_avg_divides) {
+  for (int n = 2; n <= 4; ++n) {
+    const size_t count = 50021;
+    std::vector<std::vector<float>> outs(n), avgs(n);
+    auto res = run_group(n, config(1024, 2), [&](int r, Ring& ring, ShmTransport&) {
+      std::mt19937 rng(1000 + r);
+      std::normal_distribution<float> dist;
+      std::vector<float> x(count);
+      for (auto& v : x) v = dist(rng);
+      std::vector<float> y = x;
+      ring.allreduce(x.data(), x.data(), count, DType::Float32, RedOp::Sum, 1, ctx(0),
+                     Deadline::after(milliseconds(20000)));
+      ring.allreduce(y.data(), y.data(), count, DType::Float32, RedOp::Sum, n, ctx(1),
+                     Deadline::after(milliseconds(20000)));
+      outs[r] = x;
+      avgs[r] = y;
+    });
+    expect_all_ok(res, rrtest::message("n=", n));
+    if (!res[0].error.empty()) continue;
+    for (int r = 1; r < n; ++r) {
+      RR_EXPECT(std::memcmp(outs[r].data(), outs[0].data(), count * sizeof(float)) == 0, "n=", n,
+                ": rank ", r, "'s sum differs bitwise from rank 0's");
+      RR_EXPECT(std::memcmp(avgs[r].data(), avgs[0].data(), count * sizeof(float)) == 0, "n=", n,
+                ": rank ", r, "'s average differs bitwise from rank 0's");
+    }
+    size_t bad = 0;
+    for (size_t i = 0; i < count; ++i) bad += std::abs(avgs[0][i] - outs[0][i] / n) > 1e-6f;
+    RR_EXPECT(bad == 0, "n=", n, ": ", bad, " averages are not sum/n");
+  }
+}
+
+RR_TEST(broadcast_from_every_root_and_barrier) {
+  for (int n = 1; n <= 4; ++n) {
+    for (size_t count : {size_t(0), size_t(1), size_t(777), size_t(70001)}) {
+      std::vector<std::vector<std::vector<uint8_t>>> got(n);
+      auto res = run_group(n, config(256, 2), [&](int r, Ring& ring, ShmTransport&) {
+        for (int root = 0; root < n; ++root) {
+          std::vector<uint8_t> buf(count);
+          for (size_t i = 0; i < count; ++i) buf[i] = static_cast<uint8_t>(r == root ? i * 7 + root : 0xEE);
+          ring.broadcast(buf.data(), count, DType::UInt8, root, ctx(2 * root, "broadcast"),
+                         Deadline::after(milliseconds(20000)));
+          ring.barrier(ctx(2 * root + 1, "barrier"), Deadline::after(milliseconds(20000)));
+          got[r].push_back(buf);
+        }
+      });
+      expect_all_ok(res, rrtest::message("n=", n, " count=", count));
+      if (!res[0].error.empty()) continue;
+      for (int r = 0; r < n; ++r) {
+        for (int root = 0; root < n; ++root) {
+          size_t wrong = 0;
+          for (size_t i = 0; i < count; ++i) wrong += got[r][root][i] != static_cast<uint8_t>(i * 7 + root);
+          RR_EXPECT(wrong == 0, "n=", n, " count=", count, " root=", root, " rank=", r, ": ", wrong,
+                    " wrong bytes");
+        }
+      }
+    }
+  }
+}
+
+RR_TEST(mismatched_counts_fail_on_every_rank_and_leave_inputs_alone) {
+  for (int n = 2; n <= 4; ++n) {
+    const int odd = n - 1;  // this rank calls with a different count
+    std::vector<int> untouched(n, 0);
+    auto res = run_group(n, config(4096, 2), [&](int r, Ring& ring, ShmTransport&) {
+      const size_t count = r == odd ? 3000 : 5000;
+      std::vector<int32_t> x(count);
+      for (size_t i = 0; i < count; ++i) x[i] = input_of(r, i, 1);
+      try {
+        ring.allreduce(x.data(), x.data(), count, DType::Int32, RedOp::Sum, 1, ctx(0),
+                       Deadline::after(milliseconds(20000)));
+      } catch (...) {
+        bool same = true;
+        for (size_t i = 0; i < count; ++i) same &= x[i] == input_of(r, i, 1);
+        untouched[r] = same;
+        throw;
+      }
+    });
+    for (int r = 0; r < n; ++r) {
+      RR_EXPECT(!res[r].error.empty(), "n=", n, ": rank ", r, " did not fail");
+      RR_EXPECT(!res[r].timeout, "n=", n, ": rank ", r, " timed out instead of failing fast: ",
+                res[r].error);
+      RR_EXPECT(res[r].error.find("allreduce #0") != std::string::npos, "n=", n, ": rank ", r,
+                "'s error does not name the op: ", res[r].error);
+      RR_EXPECT(res[r].error.find("3000") != std::string::npos &&
+                    res[r].error.find("5000") != std::string::npos,
+                "n=", n, ": rank ", r, "'s error does not say how the counts differ: ", res[r].error);
+      RR_EXPECT(untouched[r], "n=", n, ": rank ", r, "'s tensor was modified by the failed op");
+      RR_EXPECT(res[r].seconds < 10, "n=", n, ": rank ", r, " took ", res[r].seconds, " s to fail");
+    }
+  }
+}
+
+RR_TEST(absent_rank_times_out_with_its_name_and_the_deadline) {
+  const int n = 3;
+  auto res = run_group(n, config(4096, 2), [&](int r, Ring& ring, ShmTransport&) {
+    if (r == 2) return;  // never calls the collective
+    std::vector<float> x(1000, 1.0f);
+    OpContext c = ctx(4);
+    c.timeout = milliseconds(300);
+    ring.allreduce(x.data(), x.data(), x.size(), DType::Float32, RedOp::Sum, 1, c,
+                   Deadline::after(milliseconds(300)));
+  });
+  RR_EXPECT(res[2].error.empty(), res[2].error);
+  bool named = false;
+  for (int r = 0; r < 2; ++r) {
+    RR_EXPECT(res[r].timeout || res[r].aborted, "rank ", r, " did not fail: ", res[r].error);
+    RR_EXPECT(res[r].error.find("allreduce #4") != std::string::npos, res[r].error);
+    RR_EXPECT(res[r].seconds < 5, "rank ", r, " took ", res[r].seconds, " s");
+    named |= res[r].timeout && res[r].error.find("waiting for rank 2") != std::string::npos;
+  }
+  RR_EXPECT(named, "no error names the absent rank 2: ", res[0].error, " | ", res[1].error);
+}
+
+RR_TEST(abort_from_another_thread_ends_a_waiting_op) {
+  const int n = 2;
+  auto res = run_group(n, config(4096, 2), [&](int r, Ring& ring, ShmTransport& t) {
+    if (r == 1) {
+      // Rank 1 never joins; it aborts the group while rank 0 waits for it.
+      std::thread aborter([&t] {
+        std::this_thread::sleep_for(milliseconds(200));  // sleep-ok: lets rank 0 reach its wait
+        t.abort("test abort");
+      });
+      aborter.join();
+      return;
+    }
+    std::vector<float> x(1000, 1.0f);
+    ring.allreduce(x.data(), x.data(), x.size(), DType::Float32, RedOp::Sum, 1, ctx(0),
+                   Deadline::after(milliseconds(20000)));
+  });
+  RR_EXPECT(res[0].aborted, "rank 0 was not aborted: ", res[0].error);
+  RR_EXPECT(res[0].error.find("test abort") != std::string::npos, res[0].error);
+  RR_EXPECT(res[0].seconds < 5, "abort took ", res[0].seconds, " s to end the op");
+}
+
+RR_TEST(segments_are_unlinked_once_every_peer_mapped_them) {
+  for (int n = 1; n <= 4; ++n) {
+    std::atomic<int> linked{0};
+    auto res = run_group(n, config(4096, 2), [&](int, Ring&, ShmTransport& t) {
+      linked += static_cast<int>(t.linked_segments().size());
+    });
+    expect_all_ok(res, rrtest::message("n=", n));
+    RR_EXPECT(linked == 0, "n=", n, ": ", linked.load(), " segments still linked after set-up");
+  }
+}
+
+RR_TEST(one_slot_per_link_is_rejected_because_the_ring_would_deadlock) {
+  auto res = run_group(2, config(4096, 1), [](int, Ring&, ShmTransport&) {});
+  for (const auto& r : res) RR_EXPECT(r.error.find("slots per link") != std::string::npos, r.error);
+}
+
+RR_TEST_MAIN()
