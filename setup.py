@@ -62,10 +62,21 @@ print(f"ringreduce: {'building' if with_cuda else 'not building'} the CUDA sourc
 cxx_flags = [
     "-O3",
     "-fno-math-errno",
+    # No a*b+c fused into an FMA: whether it happens would depend on which ISA clone of a kernel
+    # runs, and every rank must compute the same bits.
+    "-ffp-contract=off",
     "-Wall",
     "-Wno-unused-parameter",
     f'-DRINGREDUCE_TORCH_VERSION="{torch.__version__}"',
 ]
+
+class BuildExt(cpp_extension.BuildExtension.with_options(use_ninja=True)):
+    def finalize_options(self):
+        super().finalize_options()
+        # pip's editable builds compile in a fresh temporary directory every time; a fixed one
+        # lets ninja rebuild only the sources that changed.
+        self.build_temp = os.path.join(ROOT, "build", "ext")
+
 
 ext = cpp_extension.CppExtension(
     name="ringreduce._C",
@@ -78,5 +89,5 @@ ext = cpp_extension.CppExtension(
 setup(
     packages=find_packages(include=["ringreduce", "ringreduce.*"]),
     ext_modules=[ext],
-    cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
+    cmdclass={"build_ext": BuildExt},
 )

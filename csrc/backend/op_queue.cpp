@@ -21,6 +21,35 @@ void OpQueue::push(c10::intrusive_ptr<RingWork> work, std::function<void()> body
   cv_.notify_one();
 }
 
+bool OpQueue::run_inline_if_idle(const c10::intrusive_ptr<RingWork>& work,
+                                 const std::function<void()>& body) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ || running_ || !tasks_.empty()) return false;
+    running_ = true;
+  }
+  {
+    at::NoGradGuard no_grad;
+    run(work, body);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    running_ = false;
+  }
+  cv_.notify_all();  // the progress thread may be holding an op that arrived meanwhile
+  return true;
+}
+
+void OpQueue::run(const c10::intrusive_ptr<RingWork>& work, const std::function<void()>& body) {
+  std::exception_ptr error;
+  try {
+    body();
+  } catch (...) {
+    error = as_dist_error(std::current_exception());
+  }
+  work->complete(error);
+}
+
 void OpQueue::drain() {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -59,18 +88,17 @@ void OpQueue::loop() {
     Task task;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
+      cv_.wait(lock, [this] { return !running_ && (stopping_ || !tasks_.empty()); });
       if (tasks_.empty()) return;  // stopping, nothing left
       task = std::move(tasks_.front());
       tasks_.pop_front();
+      running_ = true;
     }
-    std::exception_ptr error;
-    try {
-      task.body();
-    } catch (...) {
-      error = as_dist_error(std::current_exception());
+    run(task.work, task.body);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      running_ = false;
     }
-    task.work->complete(error);
   }
 }
 

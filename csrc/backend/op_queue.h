@@ -26,6 +26,13 @@ class OpQueue {
   // with its outcome. Throws if the queue was shut down.
   void push(c10::intrusive_ptr<RingWork> work, std::function<void()> body);
 
+  // For a synchronous op (the caller waits right away): if nothing is queued or running, runs
+  // `body` on the calling thread and completes `work`, returning true. That keeps issue order and
+  // saves the two thread hand-offs (caller to progress thread and back) that dominate small ops.
+  // Returns false, having done nothing, when the progress thread is busy: push() it then.
+  bool run_inline_if_idle(const c10::intrusive_ptr<RingWork>& work,
+                          const std::function<void()>& body);
+
   // Stops taking ops, lets the queued ones run (each keeps its own deadline) and joins the thread.
   // Idempotent.
   void drain();
@@ -40,10 +47,12 @@ class OpQueue {
   };
   void loop();
   void join();
+  static void run(const c10::intrusive_ptr<RingWork>& work, const std::function<void()>& body);
 
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Task> tasks_;
+  bool running_ = false;   // an op is running, on the progress thread or inline
   bool stopping_ = false;  // no more pushes; the thread exits once tasks_ is empty
   std::mutex join_mu_;     // drain() and cancel() may race (abort from another thread)
   std::thread thread_;

@@ -89,20 +89,30 @@ void RingBackend::shutdown() { queue_.drain(); }
 
 c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const char* name,
                                                     std::vector<at::Tensor> outputs,
-                                                    std::chrono::milliseconds timeout, Body body) {
-  std::lock_guard<std::mutex> lock(mu_);
-  const uint64_t seq = next_seq_;
+                                                    std::chrono::milliseconds timeout,
+                                                    bool async_op, Body body) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const uint64_t seq = next_seq_++;
   const std::chrono::milliseconds t = timeout == c10d::kUnsetTimeout ? timeout_ : timeout;
   auto work = c10::make_intrusive<RingWork>(rank_, type, name, seq, std::move(outputs));
-  queue_.push(work, [body = std::move(body), name, seq, t] {
+  std::function<void()> task = [body = std::move(body), name, seq, t] {
     OpContext ctx;
     ctx.name = name;
     ctx.seq = seq;
     ctx.timeout = t;
     // The deadline starts when the op starts: time spent queued behind earlier ops is theirs.
     body(ctx, Deadline::after(t));
-  });
-  ++next_seq_;  // only once queued: a rejected op must not shift later sequence numbers
+  };
+  if (!async_op) {
+    // Ops from other threads wait for this one (they would queue behind it anyway).
+    if (queue_.run_inline_if_idle(work, task)) return work;
+  }
+  try {
+    queue_.push(work, std::move(task));
+  } catch (...) {
+    --next_seq_;  // never issued: later ops keep the numbers the other ranks give them
+    throw;
+  }
   return work;
 }
 
@@ -201,7 +211,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allreduce(std::vector<at::Tensor>& t
   at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
   // PREMUL_SUM scales this rank's contribution before the sum, into a tensor owned by the op.
   at::Tensor in = red.premul ? buf.mul(*red.premul) : buf;
-  return enqueue(c10d::OpType::ALLREDUCE, name, {t}, opts.timeout,
+  return enqueue(c10d::OpType::ALLREDUCE, name, {t}, opts.timeout, opts.asyncOp,
                  [this, t, buf, in, d, red](const OpContext& ctx, const Deadline& dl) {
                    ring_->allreduce(in.data_ptr(), buf.data_ptr(), static_cast<size_t>(buf.numel()),
                                     d, red.op, red.divisor, ctx, dl);
@@ -229,7 +239,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::broadcast(std::vector<at::Tensor>& t
 
   at::NoGradGuard no_grad;
   at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
-  return enqueue(c10d::OpType::BROADCAST, name, {t}, opts.timeout,
+  return enqueue(c10d::OpType::BROADCAST, name, {t}, opts.timeout, opts.asyncOp,
                  [this, t, buf, d, count, root](const OpContext& ctx, const Deadline& dl) {
                    ring_->broadcast(buf.data_ptr(), count, d, root, ctx, dl);
                    if (!buf.is_same(t) && rank_ != root) t.copy_(buf);
@@ -237,7 +247,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::broadcast(std::vector<at::Tensor>& t
 }
 
 c10::intrusive_ptr<c10d::Work> RingBackend::barrier(const c10d::BarrierOptions& opts) {
-  return enqueue(c10d::OpType::BARRIER, "barrier", {}, opts.timeout,
+  return enqueue(c10d::OpType::BARRIER, "barrier", {}, opts.timeout, opts.asyncOp,
                  [this](const OpContext& ctx, const Deadline& dl) { ring_->barrier(ctx, dl); });
 }
 

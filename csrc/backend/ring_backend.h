@@ -57,9 +57,12 @@ class RingBackend final : public c10d::Backend {
 
  private:
   using Body = std::function<void(const OpContext&, const Deadline&)>;
+  // Gives the op its sequence number and queues it; a synchronous op (async_op false) runs on the
+  // calling thread instead when the queue is idle.
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* name,
                                          std::vector<at::Tensor> outputs,
-                                         std::chrono::milliseconds timeout, Body body);
+                                         std::chrono::milliseconds timeout, bool async_op,
+                                         Body body);
 
   Config config_;
   std::unique_ptr<ShmTransport> transport_;
