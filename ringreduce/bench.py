@@ -1,0 +1,677 @@
+"""Bandwidth benchmark in the style of nccl-tests: ringreduce beside gloo, side by side in one run.
+
+    python -m ringreduce.bench                     # 2 local ranks, 1K..64M, float32 sum
+    python -m ringreduce.bench -g 4 -d bfloat16 -o max
+    torchrun --nproc-per-node 4 -m ringreduce.bench
+
+Both backends run in the same processes and alternate at every size, so machine noise hits both alike:
+machines are noisy, and only ratios measured side by side are worth quoting. Barriers and the
+bookkeeping reductions go through a separate gloo group, so a measured backend runs nothing but the
+measured collective. The run also measures the machine's aggregate copy bandwidth, which bounds any
+same-host collective, and prints how close ringreduce gets to that floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import platform
+import re
+import shlex
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ringreduce import _launch
+
+PROG = "ringreduce.bench"
+BUILD_HINT = "build it with `make build` or `pip install --no-build-isolation --no-deps -e .`"
+
+DTYPES = {
+    name: getattr(torch, name)
+    for name in ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int16", "int32", "int64")
+}
+REDOPS = {
+    "sum": dist.ReduceOp.SUM,
+    "prod": dist.ReduceOp.PRODUCT,
+    "min": dist.ReduceOp.MIN,
+    "max": dist.ReduceOp.MAX,
+    "avg": dist.ReduceOp.AVG,
+}
+
+# The copy that measures the memory floor must be much larger than the caches; past 256 MiB it only
+# costs time and memory (one source and one destination per rank).
+COPY_MIN_BYTES = 64 << 20
+COPY_MAX_BYTES = 256 << 20
+COPY_REPS = 5
+# The floor is the best the machine can do, so keep the best of a few trials, as STREAM does:
+# a trial that a neighbouring process slowed down says nothing about the memory.
+COPY_TRIALS = 5
+# The correctness check builds its reference in float64 this many elements at a time, to bound memory.
+CHECK_CHUNK = 1 << 20
+
+
+# ---------------------------------------------------------------------------------------------------
+# Sizes
+
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*([kmg]?)(i?b)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from '1024', '1K', '64M', '1G' (binary units, as in nccl-tests; 'KB'/'KiB' also read)."""
+    m = _SIZE_RE.match(text)
+    if not m:
+        raise ValueError(
+            f"cannot parse size {text!r}: expected a whole number with an optional K, M or G suffix"
+        )
+    return int(m.group(1)) * _SIZE_UNITS[m.group(2).lower()]
+
+
+def format_size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return f"{nbytes}B"
+
+
+def size_sweep(minbytes: int, maxbytes: int, factor: int) -> list[int]:
+    sizes = []
+    size = minbytes
+    while size <= maxbytes:
+        sizes.append(size)
+        size *= factor
+    return sizes
+
+
+# ---------------------------------------------------------------------------------------------------
+# Byte models
+
+
+def allreduce_busbw_factor(world: int) -> float:
+    """busbw / algbw for all_reduce: each rank sends and receives 2(n-1)/n of the buffer in a ring.
+
+    With one rank nothing moves; 1 keeps busbw equal to algbw instead of printing zeros.
+    """
+    return 2 * (world - 1) / world if world > 1 else 1.0
+
+
+def ringreduce_allreduce_bytes(nbytes: int, world: int) -> int:
+    """Bytes read plus written, summed over all ranks, by one ringreduce all_reduce of nbytes.
+
+    The memory floor of the benchmark is this divided by the machine's aggregate copy bandwidth.
+    It follows ringreduce's shared-memory ring; change it here if the ring changes. In units of one
+    chunk (nbytes / n), each rank does:
+        step 0: copy its own chunk into a shared slot                            2 (read, write)
+        n-2 reduce steps: read the incoming slot and the input, write next slot  3 each
+        last reduce step: the same, and also write the reduced chunk to output   4
+        n-2 all-gather steps: read a slot, write the output and the next slot    3 each
+        final step: read the last slot, write the output                         2
+    That is 6n-4 chunks per rank, hence (6n-4) * nbytes across the n ranks. One rank moves nothing.
+    Every slot access is counted as memory traffic; slots read while still in cache cost less, so
+    ringreduce can beat this floor where its slices stay cached.
+    """
+    return (6 * world - 4) * nbytes if world > 1 else 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# Correctness check
+
+
+def check_input(redop: str, signed: bool, world: int, rank: int, idx: torch.Tensor) -> torch.Tensor:
+    """Rank `rank`'s check input at element indices `idx`, as float64 small integers.
+
+    Chosen so that the result and every partial result are small integers, exact in every dtype
+    (fp16 holds integers to 2048, bf16 to 256) whatever order a backend reduces in: sum, min and
+    max lie in [-2n, 2n], prod in {-2, -1, 1, 2} (one factor of 2 per element at most), and avg
+    inputs are n times the sum inputs so the average is an integer too. Unsigned dtypes get the
+    same values shifted to be non-negative. Exact for world sizes up to 7 in every dtype (the
+    tightest case is avg in int8); larger worlds can overflow the small integer types.
+    """
+    base = ((rank + 1) * (idx % 7 + 1)) % 5
+    if signed:
+        base = base - 2
+    if redop == "prod":
+        two = torch.where(idx % world == rank, 2, 1)
+        sign = torch.where((idx + rank) % 3 == 0, -1, 1) if signed else 1
+        return (two * sign).to(torch.float64)
+    if redop == "avg":
+        base = base * world
+    return base.to(torch.float64)
+
+
+_COMBINE = {"sum": torch.add, "avg": torch.add, "prod": torch.mul, "min": torch.minimum, "max": torch.maximum}
+
+
+def expected_result(redop: str, signed: bool, world: int, idx: torch.Tensor) -> torch.Tensor:
+    acc = check_input(redop, signed, world, 0, idx)
+    for rank in range(1, world):
+        acc = _COMBINE[redop](acc, check_input(redop, signed, world, rank, idx))
+    return acc / world if redop == "avg" else acc
+
+
+def _count_wrong(got: torch.Tensor, want: torch.Tensor, redop: str, floating: bool) -> int:
+    if redop == "avg" and floating:
+        # Every correct average here is an integer and any wrong one is off by a whole unit, so a
+        # quarter tolerates a backend that multiplies by 1/n (inexact for n = 3) and hides nothing.
+        return int((~((got - want).abs() <= 0.25)).sum())
+    return int((got != want).sum())
+
+
+def check_all_reduce(count: int, dtype: torch.dtype, redop: str, group, rank: int, world: int) -> int:
+    """Run one all_reduce on known inputs; return how many of this rank's output elements are wrong."""
+    signed = dtype.is_floating_point or dtype.is_signed
+    buf = torch.empty(count, dtype=dtype)
+    for lo in range(0, count, CHECK_CHUNK):
+        idx = torch.arange(lo, min(lo + CHECK_CHUNK, count))
+        buf[lo : lo + len(idx)] = check_input(redop, signed, world, rank, idx).to(dtype)
+    dist.all_reduce(buf, op=REDOPS[redop], group=group)
+    wrong = 0
+    for lo in range(0, count, CHECK_CHUNK):
+        idx = torch.arange(lo, min(lo + CHECK_CHUNK, count))
+        got = buf[lo : lo + len(idx)].to(torch.float64)
+        wrong += _count_wrong(got, expected_result(redop, signed, world, idx), redop, dtype.is_floating_point)
+    return wrong
+
+
+# ---------------------------------------------------------------------------------------------------
+# Collectives
+
+
+@dataclass(frozen=True)
+class Collective:
+    name: str
+    # Runs the collective once on `buf` (a tensor of `count` elements); it must not be checked after.
+    run: Callable[[torch.Tensor, str, object], None]
+    # Runs it once on known inputs: (count, dtype, redop, group, rank, world) -> wrong elements here.
+    check: Callable[[int, torch.dtype, str, object, int, int], int]
+    busbw_factor: Callable[[int], float]
+    busbw_formula: str
+    # Bytes ringreduce reads plus writes machine-wide for one op of N bytes on n ranks.
+    floor_bytes: Callable[[int, int], int]
+    floor_formula: str
+
+
+def _run_all_reduce(buf: torch.Tensor, redop: str, group) -> None:
+    dist.all_reduce(buf, op=REDOPS[redop], group=group)
+
+
+COLLECTIVES = {
+    c.name: c
+    for c in (
+        Collective(
+            name="all_reduce",
+            run=_run_all_reduce,
+            check=check_all_reduce,
+            busbw_factor=allreduce_busbw_factor,
+            busbw_formula="2(n-1)/n",
+            floor_bytes=ringreduce_allreduce_bytes,
+            floor_formula="(6n-4)*N",
+        ),
+    )
+}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Command line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=f"python -m {PROG}",
+        description="nccl-tests-style bandwidth table for ringreduce beside gloo, measured in one run.",
+        epilog="Sizes take K, M, G suffixes (powers of 1024). Under torchrun the ranks come from the "
+        "environment (env://) and nothing is spawned.",
+    )
+    p.add_argument(
+        "-g", "--nproc", type=int, help="local ranks to start (default 2; under torchrun: its world size)"
+    )
+    p.add_argument("-b", "--minbytes", type=_size_arg, default="1K", help="smallest size (default 1K)")
+    p.add_argument("-e", "--maxbytes", type=_size_arg, default="64M", help="largest size (default 64M)")
+    p.add_argument("-f", "--stepfactor", type=int, default=4, help="size multiplier between rows (default 4)")
+    p.add_argument(
+        "-n",
+        "--iters",
+        type=int,
+        default=20,
+        help="timed iterations per size, at least (default 20; more where they take under --min-time)",
+    )
+    p.add_argument(
+        "--min-time",
+        type=float,
+        default=0.2,
+        help="seconds each measurement lasts at least: small sizes get more iterations, the same on "
+        "every rank (default 0.2; 0 for exactly -n)",
+    )
+    p.add_argument("-w", "--warmup", type=int, default=5, help="untimed iterations before them (default 5)")
+    p.add_argument("-d", "--dtype", choices=DTYPES, default="float32", help="element type (default float32)")
+    p.add_argument("-o", "--redop", choices=REDOPS, default="sum", help="reduction (default sum)")
+    p.add_argument("--op", choices=COLLECTIVES, default="all_reduce", help="collective (default all_reduce)")
+    p.add_argument(
+        "--backends",
+        type=_backends_arg,
+        default="ringreduce,gloo",
+        help="comma-separated backends, measured in this order; the first gets the memory-floor columns, "
+        "the ratio compares the first with the second (default ringreduce,gloo)",
+    )
+    p.add_argument(
+        "-c",
+        "--check",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="count wrong result elements after each size (default on)",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds before a hung run is killed (default 600)"
+    )
+    return p
+
+
+def _size_arg(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _backends_arg(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"empty backend name in {text!r}")
+    return names
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.nproc is not None and args.nproc < 1:
+        parser.error("--nproc must be at least 1")
+    if args.minbytes < 1 or args.maxbytes < args.minbytes:
+        parser.error(f"need 1 <= --minbytes <= --maxbytes, got {args.minbytes} and {args.maxbytes}")
+    if args.stepfactor < 2:
+        parser.error("--stepfactor must be at least 2")
+    if args.iters < 1 or args.warmup < 0:
+        parser.error("need --iters >= 1 and --warmup >= 0")
+    if args.timeout <= 0:
+        parser.error("--timeout must be positive")
+    return args
+
+
+# ---------------------------------------------------------------------------------------------------
+# Backends
+
+
+class BackendUnavailable(RuntimeError):
+    pass
+
+
+def ensure_backend(name: str) -> None:
+    """Make `name` usable by init_process_group and new_group in this process, or say why not."""
+    if name == "ringreduce":
+        try:
+            import ringreduce  # importing registers the backend with torch.distributed
+        except ImportError as e:
+            raise BackendUnavailable(f"cannot import ringreduce ({e}); {BUILD_HINT}") from e
+        # Registering does not load the compiled extension; load it now so that a missing or stale
+        # build is reported once, before any rank starts, rather than inside every rank.
+        try:
+            ringreduce.load_extension()
+        except ImportError as e:
+            raise BackendUnavailable(str(e)) from e  # it says why, and how to rebuild
+        if name not in dist.Backend.backend_list:
+            raise BackendUnavailable(
+                f"`import ringreduce` did not register the 'ringreduce' backend; {BUILD_HINT}"
+            )
+    elif name not in dist.Backend.backend_list:
+        raise BackendUnavailable(
+            f"unknown backend {name!r}; torch.distributed knows {dist.Backend.backend_list}"
+        )
+
+
+# ---------------------------------------------------------------------------------------------------
+# Measurement (runs on every rank)
+
+
+@dataclass
+class Result:
+    time_s: float | None  # None: the backend does not support this dtype and redop
+    wrong: int | None  # None: not checked
+
+
+def _max_over_ranks(value: float, control) -> float:
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=control)
+    return t.item()
+
+
+def _sum_over_ranks(value: int, control) -> int:
+    t = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM, group=control)
+    return int(t.item())
+
+
+def verify_same_plan(args: argparse.Namespace, rank: int, world: int, control) -> None:
+    """Every rank must run the same sizes and iteration counts, or the collectives would not match up."""
+    keys = (
+        "op",
+        "dtype",
+        "redop",
+        "minbytes",
+        "maxbytes",
+        "stepfactor",
+        "iters",
+        "warmup",
+        "backends",
+        "check",
+    )
+    plan = {k: getattr(args, k) for k in keys}
+    plans = [None] * world
+    dist.all_gather_object(plans, plan, group=control)
+    for other, theirs in enumerate(plans):
+        if theirs != plan:
+            raise ValueError(
+                f"{PROG}: rank {rank} runs {plan} but rank {other} runs {theirs}; "
+                "give all ranks the same options"
+            )
+
+
+def copy_bytes(maxbytes: int) -> int:
+    """Size of each rank's buffer in the copy that measures the memory floor."""
+    return min(max(COPY_MIN_BYTES, maxbytes), COPY_MAX_BYTES)
+
+
+def measure_copy_bandwidth(nbytes: int, world: int, control) -> float:
+    """Aggregate read+write bytes/s with every rank copying a buffer at once: the memory floor's unit."""
+    src = torch.arange(nbytes // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # first touch: page faults are not what is being measured
+    best = float("inf")
+    for _ in range(COPY_TRIALS):
+        dist.barrier(group=control)
+        start = time.monotonic()
+        for _ in range(COPY_REPS):
+            dst.copy_(src)
+        # Time from the first rank's start to the last rank's end, not the slowest rank alone: with
+        # more ranks than cores, ranks that copy one after another must not count as copying at once.
+        # CLOCK_MONOTONIC is one clock for the whole host, and the floor is a one-host figure.
+        window = torch.tensor([-start, time.monotonic()], dtype=torch.float64)
+        dist.all_reduce(window, op=dist.ReduceOp.MAX, group=control)
+        best = min(best, window.sum().item())
+    return world * 2 * src.nbytes * COPY_REPS / best
+
+
+def probe_support(coll: Collective, dtype: torch.dtype, redop: str, group, control) -> str | None:
+    """Why this backend cannot run the collective with this dtype and redop, or None when it can.
+
+    Backends reject an unsupported dtype or redop before communicating, identically on every rank,
+    so catching the error here leaves the group usable; the ranks then agree through the control group.
+    """
+    try:
+        coll.run(torch.zeros(1, dtype=dtype), redop, group)
+        reason = None
+    except (RuntimeError, ValueError) as e:
+        reason = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+    if _max_over_ranks(float(reason is not None), control) and reason is None:
+        reason = "unsupported on another rank"
+    return reason
+
+
+# Small ops take microseconds; the barrier before a measurement releases ranks hundreds of
+# microseconds apart, so a handful of iterations would measure that skew, not the op.
+MAX_ITERS = 100_000
+
+
+def iterations(args: argparse.Namespace, seconds_per_iter: float) -> int:
+    """Timed iterations for one size: -n, or more so the measurement lasts --min-time."""
+    if args.min_time <= 0 or seconds_per_iter <= 0:
+        return args.iters
+    return max(args.iters, min(MAX_ITERS, math.ceil(args.min_time / seconds_per_iter)))
+
+
+def time_collective(coll: Collective, buf: torch.Tensor, args: argparse.Namespace, group, control) -> float:
+    """Max over ranks of the mean time of one iteration, in seconds."""
+    start = time.perf_counter()
+    for _ in range(args.warmup):
+        coll.run(buf, args.redop, group)
+    # Every rank must run the same number of iterations: derive it from the slowest rank's warm-up.
+    per_iter = _max_over_ranks((time.perf_counter() - start) / max(args.warmup, 1), control)
+    iters = iterations(args, per_iter if args.warmup else 0.0)
+    dist.barrier(group=control)
+    start = time.perf_counter()
+    for _ in range(iters):
+        coll.run(buf, args.redop, group)
+    return _max_over_ranks((time.perf_counter() - start) / iters, control)
+
+
+def run_rank(rank: int, world: int, store, args: argparse.Namespace) -> None:
+    """One rank's whole benchmark. `store` is the launcher's TCPStore, or None to rendezvous via env://."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    for name in set(args.backends):
+        ensure_backend(name)
+    timeout = datetime.timedelta(seconds=args.timeout)
+    rendezvous = (
+        {"store": store, "rank": rank, "world_size": world}
+        if store is not None
+        else {"init_method": "env://"}
+    )
+    dist.init_process_group(args.backends[0], timeout=timeout, **rendezvous)
+    try:
+        groups = [dist.group.WORLD] + [
+            dist.new_group(backend=name, timeout=timeout) for name in args.backends[1:]
+        ]
+        control = dist.new_group(backend="gloo", timeout=timeout)
+        _bench(rank, world, args, groups, control)
+    finally:
+        dist.destroy_process_group()
+
+
+def _bench(rank: int, world: int, args: argparse.Namespace, groups: list, control) -> None:
+    verify_same_plan(args, rank, world, control)
+    coll = COLLECTIVES[args.op]
+    dtype = DTYPES[args.dtype]
+    copy_bw = measure_copy_bandwidth(copy_bytes(args.maxbytes), world, control)
+    unsupported = [probe_support(coll, dtype, args.redop, g, control) for g in groups]
+    if all(unsupported):
+        raise RuntimeError(f"{PROG}: no backend runs {args.op} {args.dtype} {args.redop}: {unsupported}")
+    report = Report(args, world, coll, copy_bw, unsupported) if rank == 0 else None
+    if report is not None:
+        report.header()
+
+    rows = []
+    for size in size_sweep(args.minbytes, args.maxbytes, args.stepfactor):
+        count = size // dtype.itemsize
+        # Zeros stay zeros under every redop, so reducing the same buffer again and again neither
+        # overflows nor turns denormal (which would slow the arithmetic); the check uses its own inputs.
+        buf = torch.zeros(count, dtype=dtype)
+        results = []
+        for group, reason in zip(groups, unsupported, strict=True):
+            if reason:
+                results.append(Result(None, None))
+                continue
+            elapsed = time_collective(coll, buf, args, group, control)
+            wrong = None
+            if args.check:
+                wrong = _sum_over_ranks(coll.check(count, dtype, args.redop, group, rank, world), control)
+            results.append(Result(elapsed, wrong))
+        rows.append((count * dtype.itemsize, count, results))
+        if report is not None:
+            report.row(*rows[-1])
+    if report is not None:
+        report.summary(rows)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Output (rank 0)
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "N/A" if value is None else format(value, spec)
+
+
+class Report:
+    """Prints the table as rows arrive, so a long run shows progress."""
+
+    def __init__(
+        self, args: argparse.Namespace, world: int, coll: Collective, copy_bw: float, unsupported: list
+    ):
+        self.args, self.world, self.coll, self.copy_bw, self.unsupported = (
+            args,
+            world,
+            coll,
+            copy_bw,
+            unsupported,
+        )
+        self.names = args.backends
+        self.groups = [("", [("size(B)", 12), ("count", 12), ("type", 8), ("redop", 6)])]
+        for i, name in enumerate(self.names):
+            cols = [("time(us)", 10), ("algbw(GB/s)", 11), ("busbw(GB/s)", 11), ("#wrong", 7)]
+            if i == 0:
+                cols += [("floor(us)", 10), ("%floor", 7)]
+            self.groups.append((name, cols))
+        if len(self.names) > 1:
+            self.groups.append(("", [("ratio", 8)]))
+        self.widths = [max(len(name), width) for _, cols in self.groups for name, width in cols]
+
+    def _line(self, prefix: str, cells: list[str]) -> str:
+        return prefix + " ".join(cell.rjust(w) for cell, w in zip(cells, self.widths, strict=True))
+
+    def _busbw(self, nbytes: int, time_s: float) -> float:
+        return nbytes / time_s / 1e9 * self.coll.busbw_factor(self.world)
+
+    def header(self) -> None:
+        a, n = self.args, self.world
+        subject, baseline = self.names[0], self.names[1] if len(self.names) > 1 else None
+        launch = (
+            "launched by torchrun"
+            if _launch.launched_by_torchrun()
+            else f"spawned locally, {a.threads} intra-op thread(s) each"
+        )
+        bw = f"{self.copy_bw / 1e9:.2f} GB/s"
+        lines = [
+            f"{PROG}: {a.op}, {a.dtype}, redop {a.redop}",
+            f"Command: {a.command}",
+            f"Date: {datetime.datetime.now().isoformat(sep=' ', timespec='seconds')}",
+            f"Host: {platform.node()}, {os.cpu_count()} CPUs, {platform.system()}-{platform.machine()}; "
+            f"torch {torch.__version__}; Python {platform.python_version()}",
+            f"World: {n} rank(s), {launch}",
+            f"Timing: at each size, {a.warmup} untimed iterations, a barrier, then {a.iters} timed ones "
+            f"or as many more as last {a.min_time:g} s (the same count on every rank); "
+            "time = max over ranks of the mean iteration time",
+            f"Backends: {', '.join(self.names)}, alternating at each size; "
+            "barriers and bookkeeping on a separate gloo group",
+            f"algbw = size / time, busbw = algbw * {self.coll.busbw_formula} "
+            f"({n} ranks: x{self.coll.busbw_factor(n):.3f}); GB = 1e9 bytes",
+            f"Memory floor: {n} rank(s) each copying {format_size(copy_bytes(a.maxbytes))} at once move "
+            f"{bw} (reads + writes, all ranks together)",
+            f"  {subject}'s {a.op} of N bytes reads + writes {self.coll.floor_formula} bytes in all => "
+            f"floor(us) = {self.coll.floor_formula} / {bw}; %floor = floor / time({subject})",
+        ]
+        if baseline:
+            lines.append(f"ratio = busbw({subject}) / busbw({baseline}) = time({baseline}) / time({subject})")
+        lines += [
+            f"{name}: not measured ({reason})"
+            for name, reason in zip(self.names, self.unsupported, strict=True)
+            if reason
+        ]
+        if not a.check:
+            lines.append("#wrong: not checked (--no-check)")
+        for line in lines:
+            print(f"# {line}")
+        print("#")
+        group_widths, first = [], 0
+        for _, cols in self.groups:
+            group_widths.append(sum(self.widths[first : first + len(cols)]) + len(cols) - 1)
+            first += len(cols)
+        group_line = " ".join(name.center(w) for (name, _), w in zip(self.groups, group_widths, strict=True))
+        print(f"# {group_line.rstrip()}")
+        print(self._line("# ", [name for _, cols in self.groups for name, _ in cols]), flush=True)
+
+    def row(self, nbytes: int, count: int, results: list[Result]) -> None:
+        a = self.args
+        cells = [str(nbytes), str(count), a.dtype, a.redop]
+        for i, r in enumerate(results):
+            measured = r.time_s is not None
+            cells += [
+                _fmt(r.time_s * 1e6 if measured else None, ".1f"),
+                _fmt(nbytes / r.time_s / 1e9 if measured else None, ".2f"),
+                _fmt(self._busbw(nbytes, r.time_s) if measured else None, ".2f"),
+                "N/A" if r.wrong is None else str(r.wrong),
+            ]
+            if i == 0:
+                floor_s = self.coll.floor_bytes(nbytes, self.world) / self.copy_bw
+                cells.append(f"{floor_s * 1e6:.1f}")
+                cells.append("-" if floor_s == 0 or r.time_s is None else f"{floor_s / r.time_s * 100:.1f}")
+        if len(results) > 1:
+            cells.append(_fmt(self._ratio(results), ".2f"))
+        print(self._line("  ", cells), flush=True)
+
+    @staticmethod
+    def _ratio(results: list[Result]) -> float | None:
+        subject, baseline = results[0].time_s, results[1].time_s
+        return None if subject is None or baseline is None else baseline / subject
+
+    def summary(self, rows: list) -> None:
+        """The figures the project is judged on: latency at the smallest size, busbw at the largest."""
+        if len(self.names) < 2 or any(self.unsupported[:2]):
+            return
+        subject, baseline = self.names[:2]
+        small, large = rows[0], rows[-1]
+        speedup = self._ratio(small[2])
+        latency = f"1/{speedup:.3g} of" if speedup >= 1 else f"{1 / speedup:.3g}x"
+        t0, t1 = (r.time_s * 1e6 for r in small[2][:2])
+        size = format_size(small[0])
+        print(f"# {size}: {subject} latency = {latency} {baseline} ({t0:.1f} us vs {t1:.1f} us)")
+        nbytes, _, results = large
+        bw0, bw1 = (self._busbw(nbytes, r.time_s) for r in results[:2])
+        floor_s = self.coll.floor_bytes(nbytes, self.world) / self.copy_bw
+        at_floor = f", {floor_s / results[0].time_s * 100:.0f}% of the memory floor" if floor_s else ""
+        print(
+            f"# {format_size(nbytes)}: {subject} busbw = {self._ratio(results):.3g}x {baseline} "
+            f"({bw0:.2f} vs {bw1:.2f} GB/s){at_floor}",
+            flush=True,
+        )
+
+
+# ---------------------------------------------------------------------------------------------------
+# Entry point
+
+
+def _cpus_available() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    args.command = shlex.join(["python", "-m", PROG, *argv])
+    try:
+        for name in set(args.backends):
+            ensure_backend(name)
+    except BackendUnavailable as e:
+        sys.exit(f"{PROG}: error: {e}")
+
+    if _launch.launched_by_torchrun():
+        world = int(os.environ["WORLD_SIZE"])
+        if args.nproc not in (None, world):
+            sys.exit(f"{PROG}: error: -g {args.nproc} disagrees with torchrun's WORLD_SIZE={world}")
+        # torchrun already chose the thread count (OMP_NUM_THREADS); leave it.
+        args.threads = None
+        run_rank(int(os.environ["RANK"]), world, None, args)
+        return
+
+    nproc = 2 if args.nproc is None else args.nproc
+    # Share the cores among the local ranks: oversubscribed ranks would time the scheduler, and the
+    # copy that measures the memory floor should use the whole machine once, not several times over.
+    args.threads = max(1, _cpus_available() // nproc)
+    sys.exit(_launch.spawn(run_rank, nproc, args.timeout, (args,), name=PROG))
+
+
+if __name__ == "__main__":
+    main()

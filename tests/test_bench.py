@@ -1,0 +1,236 @@
+"""Tests of `python -m ringreduce.bench`: its arithmetic directly, its table through a subprocess.
+
+The subprocess runs use tiny sizes and few iterations: they test the table, the check and the
+launcher, not the numbers. The gloo,gloo runs exercise all of that without the compiled backend.
+"""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ringreduce import bench
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["-b", "1K", "-e", "64K", "-n", "2", "-w", "1", "--timeout", "120"]
+TINY_SIZES = [1024, 4096, 16384, 65536]
+
+
+def _ringreduce_unavailable():
+    try:
+        import ringreduce
+
+        ringreduce.load_extension()
+    except ImportError as e:
+        return f"the ringreduce backend is not built yet (`make build`): {e}"
+    return None
+
+
+_RINGREDUCE_MISSING = _ringreduce_unavailable()
+needs_ringreduce = pytest.mark.skipif(_RINGREDUCE_MISSING is not None, reason=str(_RINGREDUCE_MISSING))
+
+
+def run_bench(*args, timeout=180):
+    return subprocess.run(
+        [sys.executable, "-m", "ringreduce.bench", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def parse_table(stdout):
+    """(column names, rows as token lists) of the table in the bench's output."""
+    lines = stdout.splitlines()
+    columns = next(line for line in lines if line.startswith("#") and "size(B)" in line).lstrip("# ").split()
+    rows = [line.split() for line in lines if line.strip() and not line.startswith("#")]
+    return columns, rows
+
+
+def assert_table(stdout, dtype="float32", redop="sum", world=2):
+    columns, rows = parse_table(stdout)
+    assert [int(r[0]) for r in rows] == TINY_SIZES
+    itemsize = bench.DTYPES[dtype].itemsize
+    assert [int(r[1]) for r in rows] == [s // itemsize for s in TINY_SIZES]
+    wrong = [i for i, c in enumerate(columns) if c == "#wrong"]
+    assert len(wrong) == 2, columns
+    for r in rows:
+        assert len(r) == len(columns), (columns, r)
+        assert r[2:4] == [dtype, redop]
+        assert [r[i] for i in wrong] == ["0", "0"], (columns, r)
+        assert float(r[columns.index("ratio")]) > 0
+        floor_pct = r[columns.index("%floor")]
+        if world == 1:
+            assert floor_pct == "-"  # one rank moves nothing, so there is no floor to compare with
+        else:
+            assert float(floor_pct) >= 0
+    assert "# 1KiB: " in stdout and "# 64KiB: " in stdout  # the summary lines
+
+
+# --- the arithmetic --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, nbytes",
+    [
+        ("1", 1),
+        ("1024", 1024),
+        ("1K", 1024),
+        ("1k", 1024),
+        ("64M", 64 << 20),
+        ("2G", 2 << 30),
+        ("4KB", 4096),
+        ("4KiB", 4096),
+    ],
+)
+def test_parse_size(text, nbytes):
+    assert bench.parse_size(text) == nbytes
+
+
+@pytest.mark.parametrize("text", ["", "K", "1.5K", "-1K", "1X", "1 K B"])
+def test_parse_size_rejects(text):
+    with pytest.raises(ValueError, match="cannot parse size"):
+        bench.parse_size(text)
+
+
+def test_size_sweep():
+    assert bench.size_sweep(1024, 64 << 10, 4) == TINY_SIZES
+    assert bench.size_sweep(1024, 1024, 4) == [1024]
+    assert bench.size_sweep(1000, 5000, 2) == [1000, 2000, 4000]
+
+
+@pytest.mark.parametrize("world, factor", [(1, 1.0), (2, 1.0), (3, 4 / 3), (4, 1.5), (8, 1.75)])
+def test_allreduce_busbw_factor(world, factor):
+    assert bench.allreduce_busbw_factor(world) == pytest.approx(factor)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 8])
+def test_ringreduce_allreduce_bytes_follows_the_ring_steps(world):
+    chunk = 1 << 20
+    per_rank_chunks = 2 + 3 * (world - 2) + 4 + 3 * (world - 2) + 2
+    assert bench.ringreduce_allreduce_bytes(world * chunk, world) == world * per_rank_chunks * chunk
+
+
+def test_ringreduce_allreduce_bytes_single_rank_moves_nothing():
+    assert bench.ringreduce_allreduce_bytes(1 << 20, 1) == 0
+
+
+@pytest.mark.parametrize("dtype", list(bench.DTYPES))
+@pytest.mark.parametrize("redop", list(bench.REDOPS))
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 7])
+def test_check_inputs_reduce_exactly_in_every_dtype(dtype, redop, world):
+    """Reducing the check inputs in the dtype itself, in either order, gives the float64 reference."""
+    dt = bench.DTYPES[dtype]
+    signed = dt.is_floating_point or dt.is_signed
+    idx = torch.arange(1000)
+    inputs = [bench.check_input(redop, signed, world, r, idx).to(dt) for r in range(world)]
+    combine = bench._COMBINE[redop]
+    want = bench.expected_result(redop, signed, world, idx)
+    if redop == "avg":
+        assert torch.equal(want, want.round()), "averages must be integers for the check to be exact"
+        want = want * world
+    for order in (inputs, inputs[::-1]):
+        acc = order[0]
+        for x in order[1:]:
+            acc = combine(acc, x)
+        assert torch.equal(acc.to(torch.float64), want)
+    if world > 1:
+        assert not torch.equal(inputs[0], inputs[1]), "ranks must contribute different values"
+
+
+@pytest.fixture
+def solo_group():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield dist.group.WORLD
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("redop", list(bench.REDOPS))
+def test_check_counts_wrong_elements(solo_group, redop):
+    # Alone in its group, all_reduce returns the rank's own input: right for a world of 1, wrong for
+    # a claimed world of 2. The count spans two reference chunks.
+    count = bench.CHECK_CHUNK + 3
+    assert bench.check_all_reduce(count, torch.float32, redop, solo_group, 0, 1) == 0
+    assert bench.check_all_reduce(count, torch.float32, redop, solo_group, 0, 2) > count // 10
+
+
+def test_parse_args_rejects_bad_options(capsys):
+    for argv in (
+        ["-d", "float8"],
+        ["-b", "1X"],
+        ["-b", "4K", "-e", "1K"],
+        ["-f", "1"],
+        ["-n", "0"],
+        ["--backends", "gloo,"],
+    ):
+        with pytest.raises(SystemExit):
+            bench.parse_args(argv)
+        assert "error:" in capsys.readouterr().err
+
+
+# --- the whole bench, in subprocesses --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_bench_table_gloo_standin(world):
+    out = run_bench("--backends", "gloo,gloo", "-g", str(world), *TINY)
+    assert out.returncode == 0, out.stderr
+    assert f"# World: {world} rank(s)" in out.stdout
+    assert_table(out.stdout, world=world)
+
+
+def test_bench_table_gloo_standin_bfloat16_max():
+    out = run_bench("--backends", "gloo,gloo", "-g", "2", "-d", "bfloat16", "-o", "max", *TINY)
+    assert out.returncode == 0, out.stderr
+    assert_table(out.stdout, dtype="bfloat16", redop="max")
+
+
+@needs_ringreduce
+def test_bench_table_ringreduce_beside_gloo():
+    out = run_bench("-g", "2", *TINY)
+    assert out.returncode == 0, out.stderr
+    assert "# Backends: ringreduce, gloo," in out.stdout
+    assert_table(out.stdout)
+
+
+def test_bench_reports_the_failing_rank():
+    # gloo cannot average integers, so both columns are unsupported and every rank raises.
+    out = run_bench("--backends", "gloo,gloo", "-g", "2", "-o", "avg", "-d", "int32", *TINY)
+    assert out.returncode == 1
+    failed = re.search(r"rank (\d) exited with status 1", out.stderr)
+    assert failed, out.stderr
+    assert f"--- traceback of rank {failed.group(1)} ---" in out.stderr
+    assert "no backend runs all_reduce int32 avg" in out.stderr
+
+
+def test_bench_deadline_stops_a_long_run():
+    out = run_bench(
+        "--backends", "gloo,gloo", "-g", "2", "-b", "64M", "-e", "64M", "-n", "100000", "--timeout", "5"
+    )
+    assert out.returncode == 124
+    assert "timed out after 5 s" in out.stderr
+
+
+def test_parse_args_defaults_and_check_switch():
+    args = bench.parse_args([])
+    assert (args.minbytes, args.maxbytes, args.stepfactor, args.iters, args.warmup) == (
+        1024,
+        64 << 20,
+        4,
+        20,
+        5,
+    )
+    assert (args.dtype, args.redop, args.op, args.backends, args.check) == (
+        "float32",
+        "sum",
+        "all_reduce",
+        ["ringreduce", "gloo"],
+        True,
+    )
+    assert bench.parse_args(["--no-check"]).check is False
+    assert bench.parse_args(["--no-check", "-c"]).check is True
