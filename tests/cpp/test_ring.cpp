@@ -268,9 +268,11 @@ RR_TEST(absent_rank_times_out_with_its_name_and_the_deadline) {
     RR_EXPECT(res[r].timeout || res[r].aborted, "rank ", r, " did not fail: ", res[r].error);
     RR_EXPECT(res[r].error.find("allreduce #4") != std::string::npos, res[r].error);
     RR_EXPECT(res[r].seconds < 5, "rank ", r, " took ", res[r].seconds, " s");
-    named |= res[r].timeout && res[r].error.find("waiting for rank 2") != std::string::npos;
+    named |= res[r].error.find("rank 2 has not arrived at this op") != std::string::npos;
   }
   RR_EXPECT(named, "no error names the absent rank 2: ", res[0].error, " | ", res[1].error);
+  // Rank 2 ran no op, so its op_seq says so; the errors say which op it missed.
+  RR_EXPECT(res[0].error.find("it has run no op yet") != std::string::npos, res[0].error);
 }
 
 RR_TEST(abort_from_another_thread_ends_a_waiting_op) {

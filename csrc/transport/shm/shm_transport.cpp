@@ -50,6 +50,10 @@ struct ShmTransport::Segment {
   uint32_t world;
   uint64_t slot_bytes;
   uint32_t nslots;
+  // Where this rank is, for a peer that times out to find who is really missing: the op it last
+  // entered the transport in (seq + 1, 0 before the first) and the peer it sleeps on (-1: none).
+  alignas(64) std::atomic<uint64_t> op_seq;
+  std::atomic<int32_t> blocked_on;
   alignas(64) std::atomic<uint32_t> aborted;      // 1 once `reason` is complete
   std::atomic<uint32_t> abort_claimed;            // first writer of `reason` wins
   char reason[kReasonBytes];
@@ -116,6 +120,7 @@ ShmTransport::ShmTransport(Bootstrap& bs, int rank, int size, const ShmConfig& c
     seg->world = static_cast<uint32_t>(size);
     seg->slot_bytes = cfg.slot_bytes;
     seg->nslots = cfg.nslots;
+    seg->blocked_on.store(-1);
     bs.set("ringreduce/shm/name/" + std::to_string(rank), own_name_);
 
     // The probe: opening the peer's segment only works if it is on this host.
@@ -214,13 +219,19 @@ void ShmTransport::wait_until(WaitWord& word, Ready ready, int peer, const char*
     if ((i & 63) == 0 && Clock::now() >= spin_until) break;
   }
 
+  // From here on we sleep: say on whom, so a peer that times out can follow the chain.
+  own->blocked_on.store(peer, std::memory_order_relaxed);
+  struct Unblock {
+    Segment* s;
+    ~Unblock() { s->blocked_on.store(-1, std::memory_order_relaxed); }
+  } unblock{own};
   for (;;) {
     if (own->aborted.load(std::memory_order_acquire)) throw_aborted(op);
     if (dl.passed()) {
       const std::string msg = detail::cat(
           "ringreduce ", op.name, " #", op.seq, ": rank ", rank_, " timed out after ",
-          op.timeout.count(), " ms waiting for rank ", peer, " (", waiting_for,
-          "): rank ", peer, " did not arrive at this op, or is stuck");
+          op.timeout.count(), " ms waiting for rank ", peer, " (", waiting_for, "); ",
+          diagnose(peer, op));
       abort(msg);  // let every other rank fail now rather than at its own deadline
       throw TimeoutError(msg);
     }
@@ -235,8 +246,34 @@ void ShmTransport::wait_until(WaitWord& word, Ready ready, int peer, const char*
   }
 }
 
+std::string ShmTransport::diagnose(int peer, const OpContext& op) const {
+  // A rank waits for its neighbour, which may itself wait for its own: follow the chain to the
+  // rank that is not where the others are.
+  int p = peer;
+  for (int hops = 0; hops < size_; ++hops) {
+    const Segment* s = segment(p);
+    const uint64_t at = s->op_seq.load(std::memory_order_acquire);
+    if (at < op.seq + 1) {
+      return at == 0 ? detail::cat("rank ", p, " has not arrived at this op (it has run no op yet)")
+                     : detail::cat("rank ", p, " has not arrived at this op (the last op it reached is #",
+                                   at - 1, ")");
+    }
+    if (at > op.seq + 1) {
+      return detail::cat("rank ", p, " is already at op #", at - 1,
+                         ": the ranks did not issue the same ops");
+    }
+    const int next = s->blocked_on.load(std::memory_order_relaxed);
+    if (next < 0 || next == rank_) {
+      return detail::cat("rank ", p, " is in this op but makes no progress");
+    }
+    p = next;
+  }
+  return "every rank of the chain is waiting for another";
+}
+
 void* ShmTransport::send_begin(int peer, const OpContext& op, const Deadline& dl) {
   check_peer(peer, "send");
+  segment(rank_)->op_seq.store(op.seq + 1, std::memory_order_relaxed);
   Fifo* f = fifo(peer, rank_);
   const uint32_t seq = sent_[peer];
   const uint32_t nslots = cfg_.nslots;
@@ -257,6 +294,7 @@ void ShmTransport::send_end(int peer, const MsgHeader& hdr) {
 const void* ShmTransport::recv_begin(int peer, MsgHeader* hdr, const OpContext& op,
                                      const Deadline& dl) {
   check_peer(peer, "receive");
+  segment(rank_)->op_seq.store(op.seq + 1, std::memory_order_relaxed);
   Fifo* f = fifo(rank_, peer);
   const uint32_t want = received_[peer];
   wait_until(f->head, [want](uint32_t head) { return head - want - 1 < 0x80000000u; }, peer,

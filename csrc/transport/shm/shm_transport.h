@@ -64,6 +64,8 @@ class ShmTransport final : public Transport {
   void wait_until(WaitWord& word, Ready ready, int peer, const char* waiting_for,
                   const OpContext& op, const Deadline& dl);
   [[noreturn]] void throw_aborted(const OpContext& op) const;
+  // Who is missing, for a timeout while waiting for `peer` in `op`: a sentence.
+  std::string diagnose(int peer, const OpContext& op) const;
   void check_peer(int peer, const char* what) const;
   void unmap_all();
 
