@@ -36,12 +36,14 @@ c10::intrusive_ptr<c10::ivalue::Future> RingWork::getFuture() { return future_; 
 std::vector<at::Tensor> RingWork::result() { return outputs_; }
 
 void RingWork::complete(std::exception_ptr error) {
-  finish(error);  // wakes wait() before the future's callbacks run on this thread
+  // The future first, then the Work: whoever returns from wait() may read the future's value at
+  // once (torch's own backends order it the same way). Its callbacks run here, on this thread.
   if (error) {
     future_->setError(error);
   } else {
     future_->markCompleted(c10::IValue(outputs_));
   }
+  finish(error);
 }
 
 std::exception_ptr as_dist_error(std::exception_ptr e) {
