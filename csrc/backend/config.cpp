@@ -1,5 +1,8 @@
 #include "backend/config.h"
 
+#include <sched.h>
+#include <unistd.h>
+
 #include <cctype>
 #include <cstdlib>
 #include <sstream>
@@ -41,8 +44,27 @@ uint64_t parse_uint(const char* var, const char* text) {
 
 }  // namespace
 
-Config Config::from_env() {
+bool Config::oversubscribed(int local_ranks) {
+  // The CPUs this process may run on, which is what its peers get too (taskset, cgroups).
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+  if (cpus <= 0) cpus = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  return local_ranks > cpus;
+}
+
+std::chrono::microseconds Config::default_spin(int local_ranks) {
+  return std::chrono::microseconds(oversubscribed(local_ranks) ? 2 : 50);
+}
+
+size_t Config::default_slice_bytes(int local_ranks) {
+  return oversubscribed(local_ranks) ? (512u << 10) : (128u << 10);
+}
+
+Config Config::from_env(int local_ranks) {
   Config c;
+  c.spin = default_spin(local_ranks);
+  c.slice_bytes = default_slice_bytes(local_ranks);
   if (const char* v = std::getenv("RINGREDUCE_SLICE_BYTES")) {
     const uint64_t b = parse_bytes("RINGREDUCE_SLICE_BYTES", v);
     RR_CHECK(b >= 64 && b <= (64ull << 20) && b % 64 == 0, "ringreduce: RINGREDUCE_SLICE_BYTES=", v,

@@ -11,23 +11,39 @@ namespace ringreduce {
 class Bootstrap;
 
 struct Config {
-  // Payload of one message = the slice the ring pipelines. Measured on the development machine
-  // (2 cores): see README.md for the sweep that chose it.
+  // Payload of one message = the slice the ring pipelines: see default_slice_bytes().
   size_t slice_bytes = 128 << 10;
   // Slots per link: how many slices a rank may be ahead of its successor.
   uint32_t slots = 4;
-  // How long a waiting rank spins before it sleeps on a futex.
+  // How long a waiting rank spins before it sleeps on a futex: see default_spin().
   std::chrono::microseconds spin{50};
 
-  // Defaults overridden by RINGREDUCE_SLICE_BYTES, RINGREDUCE_SLOTS, RINGREDUCE_SPIN_US.
-  // Throws ringreduce::Error naming the variable when a value does not parse or is out of range.
-  static Config from_env();
+  // Defaults (the spin one for `local_ranks` ranks on this host) overridden by
+  // RINGREDUCE_SLICE_BYTES, RINGREDUCE_SLOTS, RINGREDUCE_SPIN_US. Throws ringreduce::Error naming
+  // the variable when a value does not parse or is out of range.
+  static Config from_env(int local_ranks);
+
+  // With a core per rank, a short spin turns most hand-offs into a cache-line transfer (a 1 KiB
+  // all-reduce of 2 ranks: 9 us spinning 50 us, 19 us spinning 2 us). With more ranks than
+  // cores, the peer a rank waits for is often waiting for that very core, and every microsecond
+  // of spin delays it (4 ranks on 2 cores: 270 us spinning 50 us, 100 us spinning 2 us).
+  static std::chrono::microseconds default_spin(int local_ranks);
+
+  // With a core per rank, slices small enough that a link's slots stay in cache win (2 ranks, 32
+  // MiB: 15.8 GB/s busbw at 128K, 11.6 at 512K). With more ranks than cores every hand-off may
+  // cost a context switch, so fewer, larger slices win (4 ranks on 2 cores: 3.8 GB/s at 128K,
+  // 5.6 at 512K). README.md has the sweep.
+  static size_t default_slice_bytes(int local_ranks);
 
   // Every rank must slice the same way, so rank 0's values win: rank 0 publishes its config
   // through the store and the others adopt it (returning what they adopted).
   Config agree(Bootstrap& bs, int rank) const;
 
   std::string to_string() const;
+
+ private:
+  // More ranks on this host than CPUs this process may run on.
+  static bool oversubscribed(int local_ranks);
 };
 
 }  // namespace ringreduce

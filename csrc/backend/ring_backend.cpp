@@ -50,7 +50,8 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     : c10d::Backend(rank, size), timeout_(timeout) {
   try {
     StoreBootstrap bs(store);
-    config_ = Config::from_env().agree(bs, rank);
+    // Every rank of a group is on this host until the TCP transport lands.
+    config_ = Config::from_env(size).agree(bs, rank);
     ShmConfig shm;
     shm.slot_bytes = config_.slice_bytes;
     shm.nslots = config_.slots;
