@@ -108,6 +108,32 @@ def test_import_torch_is_clean(installed, tmp_path):
     assert not noise, "import torch printed to stderr:\n" + "\n".join(noise[:30])
 
 
+def test_import_torch_survives_a_broken_extension(installed, tmp_path):
+    """The hook runs inside every `import torch`: if the extension cannot load, torch must still
+    import, with one warning that says why and how to silence it."""
+    code = textwrap.dedent(
+        """
+        import sys
+        sys.modules["ringreduce._C"] = None  # as if the extension were missing or broken
+        import torch
+        x = torch.ones(3) + 1
+        print("torch works", x.tolist())
+        """
+    )
+    env = _clean_env()
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0 and "torch works [2.0, 2.0, 2.0]" in p.stdout, p.stderr[-4000:]
+    warnings = [ln for ln in p.stderr.splitlines() if "RuntimeWarning" in ln]
+    assert len(warnings) == 1, p.stderr
+    assert "ringreduce._C cannot be loaded" in p.stderr and "RINGREDUCE_AUTOLOAD=0" in p.stderr, p.stderr
+
+    env["RINGREDUCE_AUTOLOAD"] = "0"
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0 and not p.stderr.strip(), p.stderr[-4000:]
+
+
 def _rank_init_method_check(ctx):
     import torch
     import torch.distributed as dist

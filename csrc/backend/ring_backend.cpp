@@ -81,8 +81,8 @@ uint64_t RingBackend::getSequenceNumberForGroup() {
   return next_seq_;
 }
 
-void RingBackend::abort() {
-  transport_->abort(detail::cat("rank ", rank_, " aborted the process group"));
+void RingBackend::abort() {  // exit-ok: c10d's name; it ends the group, not the process
+  transport_->abort_group(detail::cat("rank ", rank_, " aborted the process group"));
   queue_.cancel("the process group was aborted");
 }
 

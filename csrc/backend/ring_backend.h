@@ -47,7 +47,7 @@ class RingBackend final : public c10d::Backend {
   void setSequenceNumberForGroup() override {}  // starts at 0 on every rank already
   // Ends the op in flight (it fails with the reason) and every queued one; the group is unusable
   // afterwards.
-  void abort() override;
+  void abort() override;  // exit-ok: ends the group, not the process
   // Lets queued ops finish, then stops the progress thread.
   void shutdown() override;
 

@@ -45,15 +45,6 @@ std::string describe(const MsgHeader& h) {
 
 }  // namespace
 
-const char* op_kind_name(OpKind k) {
-  switch (k) {
-    case OpKind::Allreduce: return "allreduce";
-    case OpKind::Broadcast: return "broadcast";
-    case OpKind::Barrier: return "barrier";
-  }
-  return "unknown op";
-}
-
 Ring::Ring(Transport& transport, size_t slice_bytes)
     : t_(transport), rank_(transport.rank()), size_(transport.size()),
       slice_bytes_(std::min(slice_bytes, transport.max_payload())) {
@@ -87,7 +78,7 @@ const void* Ring::recv_checked(int peer, const MsgHeader& expect, size_t bytes,
         " is in ", describe(expect),
         same_op ? detail::cat(" (message of ", got.bytes, " bytes where ", bytes, " were expected)")
                 : std::string());
-    t_.abort(msg);
+    t_.abort_group(msg);
     throw Error(msg);
   }
   return payload;

@@ -56,8 +56,8 @@ class Transport {
 
   // Make every current and future wait of every rank in the group fail with an AbortedError that
   // carries `why`. The first reason recorded wins. Safe to call from any thread.
-  virtual void abort(const std::string& why) = 0;
-  // The recorded abort reason, or "" while the group is healthy.
+  virtual void abort_group(const std::string& why) = 0;
+  // The reason the first abort_group recorded, or "" while the group is healthy.
   virtual std::string abort_reason() const = 0;
 };
 

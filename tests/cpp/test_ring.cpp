@@ -282,7 +282,7 @@ RR_TEST(abort_from_another_thread_ends_a_waiting_op) {
       // Rank 1 never joins; it aborts the group while rank 0 waits for it.
       std::thread aborter([&t] {
         std::this_thread::sleep_for(milliseconds(200));  // sleep-ok: lets rank 0 reach its wait
-        t.abort("test abort");
+        t.abort_group("test abort");
       });
       aborter.join();
       return;

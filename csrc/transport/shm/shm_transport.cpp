@@ -232,7 +232,7 @@ void ShmTransport::wait_until(WaitWord& word, Ready ready, int peer, const char*
           "ringreduce ", op.name, " #", op.seq, ": rank ", rank_, " timed out after ",
           op.timeout.count(), " ms waiting for rank ", peer, " (", waiting_for, "); ",
           diagnose(peer, op));
-      abort(msg);  // let every other rank fail now rather than at its own deadline
+      abort_group(msg);  // let every other rank fail now rather than at its own deadline
       throw TimeoutError(msg);
     }
     // Announce the sleep, then re-check: pairs with publish() so no wake-up is lost.
@@ -313,7 +313,7 @@ void ShmTransport::recv_end(int peer) {
   publish(fifo(rank_, peer)->tail, received_[peer]);
 }
 
-void ShmTransport::abort(const std::string& why) {
+void ShmTransport::abort_group(const std::string& why) {
   for (int r = 0; r < size_; ++r) {
     Segment* seg = segment(r);
     if (seg == nullptr) continue;

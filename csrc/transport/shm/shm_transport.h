@@ -45,7 +45,7 @@ class ShmTransport final : public Transport {
   const void* recv_begin(int peer, MsgHeader* hdr, const OpContext& op, const Deadline& dl) override;
   void recv_end(int peer) override;
 
-  void abort(const std::string& why) override;
+  void abort_group(const std::string& why) override;
   std::string abort_reason() const override;
 
   // Names of the segments this transport created and has not unlinked yet (tests check it is
