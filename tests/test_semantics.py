@@ -423,7 +423,6 @@ def _rank_all_gather_object(ctx):
     return ([] if out == expect else [f"all_gather_object: got {out!r}"]), {}
 
 
-@pytest.mark.xfail(strict=False, reason="allgather lands with the collectives issue")
 def test_all_gather_object(ranks):
     pool = ranks(WORLD)
     harness.check_results(pool.run(_rank_all_gather_object, timeout=30))

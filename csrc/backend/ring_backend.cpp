@@ -1,6 +1,7 @@
 #include "backend/ring_backend.h"
 
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 #include <c10/util/Exception.h>
 
 #include <optional>
@@ -196,6 +197,38 @@ Reduction checked_reduction(const c10d::ReduceOp& rop, DType d, const char* op, 
   return r;
 }
 
+// A tensor the op may write for the caller's `t`: t itself when it is contiguous and clear of
+// `input`, else a private buffer (owned by the op) copied into t only on success.
+at::Tensor writable(const at::Tensor& t, const at::Tensor& input) {
+  if (t.is_contiguous() && at::get_overlap_status(t, input) == at::MemOverlapStatus::No) return t;
+  return at::empty(t.sizes(), t.options());
+}
+
+void check_same_dtype(const at::Tensor& a, const at::Tensor& b, const char* op, int rank,
+                      const char* what) {
+  if (a.scalar_type() != b.scalar_type()) {
+    fail(detail::cat("ringreduce ", op, ": rank ", rank, ": ", what, " has dtype ", a.scalar_type(),
+                     ", expected ", b.scalar_type(), " like the input"));
+  }
+}
+
+// A list that must hold exactly `n` tensors shaped like `like` (CPU, same dtype and element count).
+void check_list(const std::vector<at::Tensor>& list, const at::Tensor& like, int n, const char* op,
+                int rank, const char* what) {
+  if (static_cast<int>(list.size()) != n) {
+    fail(detail::cat("ringreduce ", op, ": rank ", rank, ": the ", what, " list has ", list.size(),
+                     " tensors, expected one per rank (", n, ")"));
+  }
+  for (size_t i = 0; i < list.size(); ++i) {
+    single_cpu_tensor({list[i]}, op, rank);
+    check_same_dtype(list[i], like, op, rank, what);
+    if (list[i].numel() != like.numel()) {
+      fail(detail::cat("ringreduce ", op, ": rank ", rank, ": ", what, " tensor ", i, " has ",
+                       list[i].numel(), " elements, expected ", like.numel()));
+    }
+  }
+}
+
 }  // namespace
 
 c10::intrusive_ptr<c10d::Work> RingBackend::allreduce(std::vector<at::Tensor>& tensors,
@@ -217,6 +250,129 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allreduce(std::vector<at::Tensor>& t
                    ring_->allreduce(in.data_ptr(), buf.data_ptr(), static_cast<size_t>(buf.numel()),
                                     d, red.op, red.divisor, ctx, dl);
                    if (!buf.is_same(t)) t.copy_(buf);
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> RingBackend::_reduce_scatter_base(
+    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  const char* name = "reduce_scatter";
+  single_cpu_tensor({output}, name, rank_);
+  single_cpu_tensor({input}, name, rank_);
+  check_same_dtype(output, input, name, rank_, "the output");
+  const DType d = checked_dtype(input, name, rank_);
+  const Reduction red = checked_reduction(opts.reduceOp, d, name, rank_, size_);
+  if (input.numel() != output.numel() * size_) {
+    fail(detail::cat("ringreduce reduce_scatter: rank ", rank_, ": the input has ", input.numel(),
+                     " elements, expected world size (", size_, ") x the output's ", output.numel()));
+  }
+  at::NoGradGuard no_grad;
+  at::Tensor in = input.contiguous();
+  if (red.premul) in = in.mul(*red.premul);  // this rank's contribution, scaled, owned by the op
+  at::Tensor out = writable(output, in);
+  const size_t count = static_cast<size_t>(output.numel());
+  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, name, {output}, opts.timeout, opts.asyncOp,
+                 [this, output, in, out, d, red, count](const OpContext& ctx, const Deadline& dl) {
+                   ring_->reduce_scatter(Chunks(in.data_ptr(), count * in.element_size()),
+                                         out.data_ptr(), count, d, red.op, red.divisor, ctx, dl);
+                   if (!out.is_same(output)) output.copy_(out);
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> RingBackend::reduce_scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  const char* name = "reduce_scatter";
+  at::Tensor output = single_cpu_tensor(outputs, name, rank_);
+  if (inputs.size() != 1) {
+    fail(detail::cat("ringreduce reduce_scatter: rank ", rank_, ": expected one input list, got ",
+                     inputs.size()));
+  }
+  check_list(inputs[0], output, size_, name, rank_, "input");
+  const DType d = checked_dtype(output, name, rank_);
+  const Reduction red = checked_reduction(opts.reduceOp, d, name, rank_, size_);
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> in;  // contiguous (or scaled) copies where needed, owned by the op
+  for (const at::Tensor& t : inputs[0]) in.push_back(red.premul ? t.mul(*red.premul) : t.contiguous());
+  at::Tensor out = output;
+  for (const at::Tensor& t : in) {
+    if (!output.is_contiguous() || at::get_overlap_status(output, t) != at::MemOverlapStatus::No) {
+      out = at::empty(output.sizes(), output.options());
+      break;
+    }
+  }
+  const size_t count = static_cast<size_t>(output.numel());
+  return enqueue(c10d::OpType::REDUCE_SCATTER, name, {output}, opts.timeout, opts.asyncOp,
+                 [this, output, in, out, d, red, count](const OpContext& ctx, const Deadline& dl) {
+                   std::vector<void*> ptrs;
+                   for (const at::Tensor& t : in) ptrs.push_back(t.data_ptr());
+                   ring_->reduce_scatter(Chunks(&ptrs), out.data_ptr(), count, d, red.op,
+                                         red.divisor, ctx, dl);
+                   if (!out.is_same(output)) output.copy_(out);
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> RingBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                            const c10d::AllgatherOptions& opts) {
+  const char* name = "allgather";
+  single_cpu_tensor({output}, name, rank_);
+  single_cpu_tensor({input}, name, rank_);
+  check_same_dtype(output, input, name, rank_, "the output");
+  if (output.numel() != input.numel() * size_) {
+    fail(detail::cat("ringreduce allgather: rank ", rank_, ": the output has ", output.numel(),
+                     " elements, expected world size (", size_, ") x the input's ", input.numel()));
+  }
+  // All-gather only moves bytes: any dtype works, and types the kernels do not know travel as bytes.
+  const auto known = core_dtype(input.scalar_type());
+  const DType d = known.value_or(DType::UInt8);
+  const size_t count = known ? static_cast<size_t>(input.numel()) : input.numel() * input.element_size();
+  at::NoGradGuard no_grad;
+  at::Tensor in = input.contiguous();
+  // The input may be the output's own chunk (all_gather_into_tensor on a view): the ring then
+  // skips the copy; any other overlap goes through a private buffer.
+  at::Tensor out = output;
+  if (!output.is_contiguous()) {
+    out = at::empty(output.sizes(), output.options());
+  } else if (at::get_overlap_status(output, in) != at::MemOverlapStatus::No) {
+    const auto* mine = static_cast<const uint8_t*>(output.data_ptr()) + rank_ * in.nbytes();
+    if (mine != in.data_ptr()) out = at::empty(output.sizes(), output.options());
+  }
+  return enqueue(c10d::OpType::_ALLGATHER_BASE, name, {output}, opts.timeout, opts.asyncOp,
+                 [this, output, in, out, d, count](const OpContext& ctx, const Deadline& dl) {
+                   ring_->all_gather(in.data_ptr(), Chunks(out.data_ptr(), in.nbytes()), count, d,
+                                     ctx, dl);
+                   if (!out.is_same(output)) output.copy_(out);
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> RingBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                      std::vector<at::Tensor>& inputs,
+                                                      const c10d::AllgatherOptions& opts) {
+  const char* name = "allgather";
+  at::Tensor input = single_cpu_tensor(inputs, name, rank_);
+  if (outputs.size() != 1) {
+    fail(detail::cat("ringreduce allgather: rank ", rank_, ": expected one output list, got ",
+                     outputs.size()));
+  }
+  check_list(outputs[0], input, size_, name, rank_, "output");
+  const auto known = core_dtype(input.scalar_type());
+  const DType d = known.value_or(DType::UInt8);
+  const size_t count = known ? static_cast<size_t>(input.numel()) : input.numel() * input.element_size();
+  at::NoGradGuard no_grad;
+  at::Tensor in = input.contiguous();
+  std::vector<at::Tensor> user = outputs[0];
+  std::vector<at::Tensor> out;  // the caller's tensors where the ring can write them directly
+  for (const at::Tensor& t : user) {
+    const bool direct = t.is_contiguous() && at::get_overlap_status(t, in) == at::MemOverlapStatus::No;
+    out.push_back(direct ? t : at::empty(t.sizes(), t.options()));
+  }
+  return enqueue(c10d::OpType::ALLGATHER, name, user, opts.timeout, opts.asyncOp,
+                 [this, user, in, out, d, count](const OpContext& ctx, const Deadline& dl) {
+                   std::vector<void*> ptrs;
+                   for (const at::Tensor& t : out) ptrs.push_back(t.data_ptr());
+                   ring_->all_gather(in.data_ptr(), Chunks(&ptrs), count, d, ctx, dl);
+                   for (size_t i = 0; i < out.size(); ++i) {
+                     if (!out[i].is_same(user[i])) user[i].copy_(out[i]);
+                   }
                  });
 }
 

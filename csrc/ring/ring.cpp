@@ -16,26 +16,12 @@ constexpr size_t kStreamingOutputBytes = 4u << 20;
 
 size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
-// The [offset, offset+len) elements of slice j of chunk c, when `count` elements are cut into
-// `n` chunks of `chunk` elements (the last ones shorter or empty) and chunks into slices of
-// `slice` elements.
-struct Span {
-  size_t offset;
-  size_t len;
-};
-Span slice_of(size_t count, size_t chunk, size_t slice, int c, size_t j) {
-  const size_t chunk_begin = std::min(count, static_cast<size_t>(c) * chunk);
-  const size_t chunk_end = std::min(count, chunk_begin + chunk);
-  const size_t lo = std::min(chunk_end, chunk_begin + j * slice);
-  const size_t hi = std::min(chunk_end, lo + slice);
-  return {lo, hi - lo};
-}
-
 std::string describe(const MsgHeader& h) {
   if (h.kind == 0 && h.seq == 0 && h.count == 0) return "an empty message";
   std::string s = detail::cat(op_kind_name(static_cast<OpKind>(h.kind)), " #", h.seq, " of ",
                               h.count, " ", dtype_name(static_cast<DType>(h.dtype)));
-  if (static_cast<OpKind>(h.kind) == OpKind::Allreduce) {
+  const auto kind = static_cast<OpKind>(h.kind);
+  if (kind == OpKind::Allreduce || kind == OpKind::ReduceScatter) {
     s += detail::cat(" (", redop_name(static_cast<RedOp>(h.redop & 0x7f)),
                      (h.redop & 0x80) ? ", averaged" : "", ")");
   }
@@ -89,81 +75,149 @@ void Ring::send_done(int peer, MsgHeader hdr, size_t bytes) {
   t_.send_end(peer, hdr);
 }
 
+Ring::Plan Ring::plan(size_t count, size_t chunk, DType t) const {
+  Plan p;
+  p.es = dtype_size(t);
+  p.count = count;
+  p.chunk = chunk;
+  p.slice = std::max<size_t>(1, slice_bytes_ / p.es);
+  // Even an empty op exchanges one round of (empty) messages, so that a rank whose count differs
+  // from its neighbour's hears about it instead of returning while the neighbour waits.
+  p.nslices = std::max<size_t>(1, ceil_div(chunk, p.slice));
+  p.streaming = count * p.es >= kStreamingOutputBytes;
+  return p;
+}
+
+Ring::Span Ring::span(const Plan& p, int c, size_t j) {
+  const size_t chunk_begin = std::min(p.count, static_cast<size_t>(c) * p.chunk);
+  const size_t chunk_len = std::min(p.count - chunk_begin, p.chunk);
+  const size_t lo = std::min(chunk_len, j * p.slice);
+  return {lo, std::min(chunk_len - lo, p.slice)};
+}
+
+template <class Finish>
+void Ring::reduce_scatter_slice(const Plan& p, size_t j, const Chunks& in, DType t, RedOp op,
+                                const MsgHeader& fp, const OpContext& ctx, const Deadline& dl,
+                                Finish&& finish) {
+  const int n = size_, r = rank_;
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  auto mod = [n](int x) { return ((x % n) + n) % n; };
+  // At step s rank r sends the partial sum of chunk r-1-s, to which it has just added its own
+  // input, so the partial sum of chunk c visits ranks c+1, c+2, ... and ends at rank c.
+  {
+    const int c = mod(r - 1);
+    const Span sp = span(p, c, j);
+    void* dst = t_.send_begin(next, ctx, dl);
+    if (sp.len) copy(dst, in.at(c) + sp.offset * p.es, sp.len * p.es);
+    send_done(next, fp, sp.len * p.es);
+  }
+  for (int s = 1; s < n - 1; ++s) {
+    const int c = mod(r - 1 - s);
+    const Span sp = span(p, c, j);
+    const void* src = recv_checked(prev, fp, sp.len * p.es, ctx, dl);
+    void* dst = t_.send_begin(next, ctx, dl);
+    if (sp.len) reduce(dst, src, in.at(c) + sp.offset * p.es, sp.len, t, op);
+    send_done(next, fp, sp.len * p.es);
+    t_.recv_end(prev);
+  }
+  const Span sp = span(p, r, j);
+  const void* src = recv_checked(prev, fp, sp.len * p.es, ctx, dl);
+  finish(sp, src, in.at(r) + sp.offset * p.es);
+  t_.recv_end(prev);
+}
+
+void Ring::all_gather_slice(const Plan& p, size_t j, const Chunks& out, const MsgHeader& fp,
+                            const OpContext& ctx, const Deadline& dl) {
+  const int n = size_, r = rank_;
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  // At step s rank r receives chunk r-s, sent first by its owner, and forwards it unless its
+  // successor is that owner.
+  for (int s = 1; s < n; ++s) {
+    const int c = ((r - s) % n + n) % n;
+    const Span sp = span(p, c, j);
+    const void* src = recv_checked(prev, fp, sp.len * p.es, ctx, dl);
+    if (s < n - 1) {  // forward first: the successor can start while we write our copy
+      void* dst = t_.send_begin(next, ctx, dl);
+      if (sp.len) copy(dst, src, sp.len * p.es);
+      send_done(next, fp, sp.len * p.es);
+    }
+    if (sp.len) copy(out.at(c) + sp.offset * p.es, src, sp.len * p.es, p.streaming);
+    t_.recv_end(prev);
+  }
+}
+
 void Ring::allreduce(const void* in_ptr, void* out_ptr, size_t count, DType t, RedOp op,
                      int64_t divisor, const OpContext& ctx, const Deadline& dl) {
-  const auto* in = static_cast<const uint8_t*>(in_ptr);
-  auto* out = static_cast<uint8_t*>(out_ptr);
-  const size_t es = dtype_size(t);
   const int n = size_;
-  const int r = rank_;
+  const size_t es = dtype_size(t);
   if (n == 1) {
-    if (in != out && count > 0) copy(out, in, count * es);
+    if (in_ptr != out_ptr && count > 0) copy(out_ptr, in_ptr, count * es);
+    if (divisor != 1 && count > 0) divide(out_ptr, out_ptr, count, t, divisor);
+    return;
+  }
+  const Plan p = plan(count, ceil_div(count, static_cast<size_t>(n)), t);
+  const Chunks in(in_ptr, p.chunk * es), out(out_ptr, p.chunk * es);
+  const MsgHeader fp = fingerprint(ctx, OpKind::Allreduce, count, t,
+                                   static_cast<uint8_t>(op) | (divisor != 1 ? 0x80 : 0), -1);
+  const int next = (rank_ + 1) % n;
+  for (size_t j = 0; j < p.nslices; ++j) {
+    // The last reduce-scatter step is fused with the first all-gather step: the result is
+    // computed into the outgoing slot (in cache), sent on, and copied to our output.
+    reduce_scatter_slice(p, j, in, t, op, fp, ctx, dl,
+                         [&](const Span& sp, const void* partial, const uint8_t* mine) {
+                           void* dst = t_.send_begin(next, ctx, dl);
+                           if (sp.len) {
+                             reduce(dst, partial, mine, sp.len, t, op);
+                             if (divisor != 1) divide(dst, dst, sp.len, t, divisor);
+                             copy(out.at(rank_) + sp.offset * es, dst, sp.len * es, p.streaming);
+                           }
+                           send_done(next, fp, sp.len * es);
+                         });
+    all_gather_slice(p, j, out, fp, ctx, dl);
+  }
+}
+
+void Ring::reduce_scatter(const Chunks& in, void* out_ptr, size_t count, DType t, RedOp op,
+                          int64_t divisor, const OpContext& ctx, const Deadline& dl) {
+  const int n = size_;
+  const size_t es = dtype_size(t);
+  auto* out = static_cast<uint8_t*>(out_ptr);
+  if (n == 1) {
+    if (count > 0) copy(out, in.at(0), count * es);
     if (divisor != 1 && count > 0) divide(out, out, count, t, divisor);
     return;
   }
-
-  const int next = (r + 1) % n;
-  const int prev = (r + n - 1) % n;
-  const size_t chunk = ceil_div(count, static_cast<size_t>(n));
-  const size_t slice = std::max<size_t>(1, slice_bytes_ / es);
-  // Even an empty op exchanges one round of (empty) messages, so that a rank whose count differs
-  // from its neighbour's hears about it instead of returning while the neighbour waits.
-  const size_t nslices = std::max<size_t>(1, ceil_div(chunk, slice));
-  const bool streaming = count * es >= kStreamingOutputBytes;
-  const MsgHeader fp = fingerprint(ctx, OpKind::Allreduce, count, t,
+  const Plan p = plan(count * static_cast<size_t>(n), count, t);
+  const MsgHeader fp = fingerprint(ctx, OpKind::ReduceScatter, count, t,
                                    static_cast<uint8_t>(op) | (divisor != 1 ? 0x80 : 0), -1);
-  auto mod = [n](int x) { return ((x % n) + n) % n; };
+  for (size_t j = 0; j < p.nslices; ++j) {
+    reduce_scatter_slice(p, j, in, t, op, fp, ctx, dl,
+                         [&](const Span& sp, const void* partial, const uint8_t* mine) {
+                           if (!sp.len) return;
+                           uint8_t* dst = out + sp.offset * es;
+                           reduce(dst, partial, mine, sp.len, t, op);
+                           if (divisor != 1) divide(dst, dst, sp.len, t, divisor);
+                         });
+  }
+}
 
-  for (size_t j = 0; j < nslices; ++j) {
-    // Reduce-scatter. At step s rank r forwards the partial sum of chunk r-s, to which it has
-    // just added its own input; after n-1 steps it holds the full result for chunk r+1.
-    {
-      const Span sp = slice_of(count, chunk, slice, r, j);
-      void* dst = t_.send_begin(next, ctx, dl);
-      if (sp.len) copy(dst, in + sp.offset * es, sp.len * es);
-      send_done(next, fp, sp.len * es);
-    }
-    for (int s = 1; s < n - 1; ++s) {
-      const Span sp = slice_of(count, chunk, slice, mod(r - s), j);
-      const void* src = recv_checked(prev, fp, sp.len * es, ctx, dl);
-      void* dst = t_.send_begin(next, ctx, dl);
-      if (sp.len) reduce(dst, src, in + sp.offset * es, sp.len, t, op);
-      send_done(next, fp, sp.len * es);
-      t_.recv_end(prev);
-    }
-    // Last reduce-scatter step, fused with the first all-gather step: finish chunk r+1, keep it
-    // and send it on. The result is computed into the outgoing slot (in cache) and copied out.
-    {
-      const Span sp = slice_of(count, chunk, slice, mod(r + 1), j);
-      const void* src = recv_checked(prev, fp, sp.len * es, ctx, dl);
-      void* dst = t_.send_begin(next, ctx, dl);
-      if (sp.len) {
-        reduce(dst, src, in + sp.offset * es, sp.len, t, op);
-        if (divisor != 1) divide(dst, dst, sp.len, t, divisor);
-        copy(out + sp.offset * es, dst, sp.len * es, streaming);
-      }
-      send_done(next, fp, sp.len * es);
-      t_.recv_end(prev);
-    }
-    // All-gather. At step s rank r receives chunk r-s+1, finished by rank r-s, and forwards it
-    // unless its successor is the rank that finished it.
-    for (int s = 1; s < n - 1; ++s) {
-      const Span sp = slice_of(count, chunk, slice, mod(r - s + 1), j);
-      const void* src = recv_checked(prev, fp, sp.len * es, ctx, dl);
-      void* dst = t_.send_begin(next, ctx, dl);
-      if (sp.len) {
-        copy(dst, src, sp.len * es);
-        copy(out + sp.offset * es, src, sp.len * es, streaming);
-      }
-      send_done(next, fp, sp.len * es);
-      t_.recv_end(prev);
-    }
-    {
-      const Span sp = slice_of(count, chunk, slice, mod(r + 2), j);
-      const void* src = recv_checked(prev, fp, sp.len * es, ctx, dl);
-      if (sp.len) copy(out + sp.offset * es, src, sp.len * es, streaming);
-      t_.recv_end(prev);
-    }
+void Ring::all_gather(const void* in_ptr, const Chunks& out, size_t count, DType t,
+                      const OpContext& ctx, const Deadline& dl) {
+  const int n = size_;
+  const size_t es = dtype_size(t);
+  const auto* in = static_cast<const uint8_t*>(in_ptr);
+  uint8_t* mine = out.at(rank_);
+  if (mine != in && count > 0) copy(mine, in, count * es);
+  if (n == 1) return;
+  const Plan p = plan(count * static_cast<size_t>(n), count, t);
+  const MsgHeader fp = fingerprint(ctx, OpKind::AllGather, count, t, 0, -1);
+  const int next = (rank_ + 1) % n;
+  for (size_t j = 0; j < p.nslices; ++j) {
+    const Span sp = span(p, rank_, j);
+    void* dst = t_.send_begin(next, ctx, dl);
+    if (sp.len) copy(dst, mine + sp.offset * es, sp.len * es);
+    send_done(next, fp, sp.len * es);
+    all_gather_slice(p, j, out, fp, ctx, dl);
   }
 }
 

@@ -12,12 +12,31 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "common/deadline.h"
 #include "common/dtype.h"
 #include "transport/transport.h"
 
 namespace ringreduce {
+
+// Where the n chunks of a ring op live: one contiguous buffer (chunk c at base + c * stride), or a
+// pointer per chunk (the list forms of reduce_scatter and all_gather).
+class Chunks {
+ public:
+  Chunks(const void* base, size_t stride_bytes)
+      : base_(static_cast<uint8_t*>(const_cast<void*>(base))), stride_(stride_bytes) {}
+  explicit Chunks(const std::vector<void*>* pointers) : list_(pointers) {}
+  uint8_t* at(int c) const {
+    return list_ ? static_cast<uint8_t*>((*list_)[static_cast<size_t>(c)])
+                 : base_ + static_cast<size_t>(c) * stride_;
+  }
+
+ private:
+  uint8_t* base_ = nullptr;
+  size_t stride_ = 0;
+  const std::vector<void*>* list_ = nullptr;
+};
 
 class Ring {
  public:
@@ -29,6 +48,17 @@ class Ring {
   // Large outputs are written with streaming stores.
   void allreduce(const void* in, void* out, size_t count, DType t, RedOp op, int64_t divisor,
                  const OpContext& ctx, const Deadline& dl);
+
+  // out (count elements) = chunk `rank` of the element-wise reduction of every rank's `in`, whose n
+  // chunks of `count` elements each are given by `in`; divided by `divisor` when it is not 1. out
+  // must not overlap the chunks.
+  void reduce_scatter(const Chunks& in, void* out, size_t count, DType t, RedOp op, int64_t divisor,
+                      const OpContext& ctx, const Deadline& dl);
+
+  // Chunk r of `out` (count elements each) = rank r's `in`, on every rank. `in` may be out's
+  // chunk `rank` itself.
+  void all_gather(const void* in, const Chunks& out, size_t count, DType t, const OpContext& ctx,
+                  const Deadline& dl);
 
   // buf on `root` is copied into buf on every other rank, as a pipelined chain along the ring.
   void broadcast(void* buf, size_t count, DType t, int root, const OpContext& ctx,
@@ -50,6 +80,31 @@ class Ring {
   const void* recv_checked(int peer, const MsgHeader& expect, size_t bytes, const OpContext& ctx,
                            const Deadline& dl);
   void send_done(int peer, MsgHeader hdr, size_t bytes);
+
+  // How an op's elements are cut: n chunks of `chunk` elements (the last ones shorter or empty when
+  // `count` does not divide by n), each cut into `nslices` slices of at most `slice` elements.
+  struct Plan {
+    size_t count, chunk, slice, nslices, es;
+    bool streaming;  // outputs go around the cache
+  };
+  struct Span {
+    size_t offset;  // elements from the start of the chunk
+    size_t len;
+  };
+  Plan plan(size_t count, size_t chunk, DType t) const;
+  static Span span(const Plan& p, int c, size_t j);
+
+  // The reduce-scatter of slice j: steps 0..n-2 pass partial sums along the ring, each rank adding
+  // its own input; at the last step rank r receives the sum of every other rank's input for its
+  // own chunk r and calls finish(span, received partial, its own input) to complete it.
+  template <class Finish>
+  void reduce_scatter_slice(const Plan& p, size_t j, const Chunks& in, DType t, RedOp op,
+                            const MsgHeader& fp, const OpContext& ctx, const Deadline& dl,
+                            Finish&& finish);
+  // The all-gather of slice j, once rank r has sent its own chunk r: receives the other n-1
+  // chunks into `out`, forwarding each but the last.
+  void all_gather_slice(const Plan& p, size_t j, const Chunks& out, const MsgHeader& fp,
+                        const OpContext& ctx, const Deadline& dl);
 
   Transport& t_;
   int rank_;

@@ -19,7 +19,13 @@
 namespace ringreduce {
 
 // What kind of collective a message belongs to. Part of the fingerprint in MsgHeader.
-enum class OpKind : uint32_t { Allreduce = 1, Broadcast = 2, Barrier = 3 };
+enum class OpKind : uint32_t {
+  Allreduce = 1,
+  Broadcast = 2,
+  Barrier = 3,
+  ReduceScatter = 4,
+  AllGather = 5,
+};
 const char* op_kind_name(OpKind k);
 
 struct MsgHeader {

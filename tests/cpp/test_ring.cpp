@@ -191,6 +191,79 @@ RR_TEST(allreduce_float_is_bit_identical_across_ranks_and_avg_divides) {
   }
 }
 
+RR_TEST(reduce_scatter_and_all_gather_contiguous_and_as_lists) {
+  for (int n = 1; n <= 4; ++n) {
+    for (size_t slot : {size_t(64), size_t(4096)}) {
+      for (size_t count : {size_t(0), size_t(1), size_t(37), size_t(20011)}) {
+        const uint32_t seed = static_cast<uint32_t>(n * 1000 + count);
+        // Per rank: reduce-scatter (contiguous, then list form, then averaged), all-gather
+        // (contiguous, from its own chunk in place, then list form).
+        std::vector<std::vector<std::vector<int32_t>>> got(n);
+        auto res = run_group(n, config(slot, 2), [&](int r, Ring& ring, ShmTransport&) {
+          const auto dl = [] { return Deadline::after(milliseconds(20000)); };
+          std::vector<int32_t> in(count * n), out(count, -7);
+          for (size_t i = 0; i < in.size(); ++i) in[i] = input_of(r, i, seed);
+          ring.reduce_scatter(Chunks(in.data(), count * 4), out.data(), count, DType::Int32,
+                              RedOp::Sum, 1, ctx(0, "reduce_scatter"), dl());
+          got[r].push_back(out);
+          std::vector<std::vector<int32_t>> parts(n, std::vector<int32_t>(count));
+          std::vector<void*> ptrs;
+          for (int c = 0; c < n; ++c) {
+            std::copy(in.begin() + c * count, in.begin() + (c + 1) * count, parts[c].begin());
+            ptrs.push_back(parts[c].data());
+          }
+          std::vector<int32_t> out2(count, -7);
+          ring.reduce_scatter(Chunks(&ptrs), out2.data(), count, DType::Int32, RedOp::Sum, 1,
+                              ctx(1, "reduce_scatter"), dl());
+          got[r].push_back(out2);
+          std::vector<int32_t> avg(count, -7);
+          ring.reduce_scatter(Chunks(in.data(), count * 4), avg.data(), count, DType::Int32,
+                              RedOp::Sum, n, ctx(2, "reduce_scatter"), dl());
+          got[r].push_back(avg);
+
+          std::vector<int32_t> mine(count), gathered(count * n, -7);
+          for (size_t i = 0; i < count; ++i) mine[i] = input_of(r, i, seed + 1);
+          ring.all_gather(mine.data(), Chunks(gathered.data(), count * 4), count, DType::Int32,
+                          ctx(3, "allgather"), dl());
+          got[r].push_back(gathered);
+          std::vector<int32_t> inplace(count * n, -7);
+          std::copy(mine.begin(), mine.end(), inplace.begin() + r * count);
+          ring.all_gather(inplace.data() + r * count, Chunks(inplace.data(), count * 4), count,
+                          DType::Int32, ctx(4, "allgather"), dl());
+          got[r].push_back(inplace);
+          std::vector<std::vector<int32_t>> outs(n, std::vector<int32_t>(count, -7));
+          std::vector<void*> optrs;
+          for (auto& o : outs) optrs.push_back(o.data());
+          ring.all_gather(mine.data(), Chunks(&optrs), count, DType::Int32, ctx(5, "allgather"), dl());
+          std::vector<int32_t> flat;
+          for (auto& o : outs) flat.insert(flat.end(), o.begin(), o.end());
+          got[r].push_back(flat);
+        });
+        const std::string where = rrtest::message("n=", n, " slot=", slot, " count=", count);
+        expect_all_ok(res, where);
+        if (!res[0].error.empty()) continue;
+        for (int r = 0; r < n; ++r) {
+          size_t wrong_rs = 0, wrong_avg = 0, wrong_ag = 0;
+          for (size_t i = 0; i < count; ++i) {
+            int64_t sum = 0;
+            for (int q = 0; q < n; ++q) sum += input_of(q, r * count + i, seed);
+            wrong_rs += (got[r][0][i] != sum) + (got[r][1][i] != sum);
+            wrong_avg += got[r][2][i] != static_cast<int32_t>(sum / n);
+          }
+          for (int k = 3; k < 6; ++k) {
+            for (int c = 0; c < n; ++c) {
+              for (size_t i = 0; i < count; ++i) wrong_ag += got[r][k][c * count + i] != input_of(c, i, seed + 1);
+            }
+          }
+          RR_EXPECT(wrong_rs == 0, where, " rank ", r, ": ", wrong_rs, " wrong reduce_scatter elements");
+          RR_EXPECT(wrong_avg == 0, where, " rank ", r, ": ", wrong_avg, " wrong averaged elements");
+          RR_EXPECT(wrong_ag == 0, where, " rank ", r, ": ", wrong_ag, " wrong all_gather elements");
+        }
+      }
+    }
+  }
+}
+
 RR_TEST(broadcast_from_every_root_and_barrier) {
   for (int n = 1; n <= 4; ++n) {
     for (size_t count : {size_t(0), size_t(1), size_t(777), size_t(70001)}) {

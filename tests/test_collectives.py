@@ -1,0 +1,200 @@
+"""The ring's halves as collectives: reduce_scatter (list form and reduce_scatter_tensor) and
+all_gather (list form and all_gather_into_tensor), swept over world size, count, dtype and op,
+against a float64 reference and gloo on the same inputs; all_gather bit-identical across ranks,
+reduce_scatter bit-identical to the matching chunk of an all_reduce."""
+
+import pytest
+
+import harness
+from harness import DTYPE_NAMES, ops_for
+
+COUNTS = [0, 1, 1009, (1 << 16) + 3]
+
+
+def _rank_reduce_scatter(ctx, dtype_name, counts):
+    import torch
+    import torch.distributed as dist
+
+    n, r = ctx.world_size, ctx.rank
+    failures, digests = [], {}
+    standin = ctx.backend != "ringreduce"
+    for op in ops_for(dtype_name):
+        if dtype_name in harness.COMPLEX_NAMES and op == "PRODUCT":
+            continue  # torch's reduce_scatter refuses PRODUCT on complex tensors before any backend
+        if standin and harness.standin_skip(dtype_name, op):
+            continue
+        factor = -0.75 if op == "PREMUL_SUM" else None
+        for count in counts:
+            # Each rank's input is n chunks of `count`; rank r gets chunk r of the reduction.
+            inputs = [harness.make_input(ctx.gen("rs", dtype_name, op, count, rank=q), dtype_name,
+                                         count * n, op, n) for q in range(n)]
+            ref = harness.reference(inputs, dtype_name, op, factor)[r * count:(r + 1) * count]
+            exact = harness.exact_kind(dtype_name, op)
+            scale = None if exact else harness.float_scale(inputs, dtype_name, op, factor)
+            if scale is not None:
+                scale = scale[r * count:(r + 1) * count]
+            for form in ("tensor", "list"):
+                case = f"reduce_scatter {form} world={n} {dtype_name} {op} count={count}"
+                x = inputs[r].clone()
+                out = torch.empty(count, dtype=x.dtype)
+                try:
+                    if form == "tensor":
+                        w = dist.reduce_scatter_tensor(out, x, op=harness.reduce_op(op, factor),
+                                                       async_op=True)
+                    else:
+                        w = dist.reduce_scatter(out, list(x.split(count)) if count else
+                                                [x.clone() for _ in range(n)],
+                                                op=harness.reduce_op(op, factor), async_op=True)
+                    w.wait()
+                except Exception as e:  # noqa: BLE001 - reported with the case
+                    failures.append(f"{case}: raised {type(e).__name__}: {e}")
+                    continue
+                if not torch.equal(x, inputs[r]):
+                    failures.append(f"{case}: the input was modified")
+                msg = harness.compare(out, ref, dtype_name, op, scale)
+                if msg:
+                    failures.append(f"{case}: vs reference: {msg}")
+                if not standin and form == "tensor":
+                    # Each rank gets a different chunk, so the cross-rank check is this: the
+                    # reduce-scatter follows the all-reduce's ring order, bit for bit.
+                    full = inputs[r].clone()
+                    dist.all_reduce(full, op=harness.reduce_op(op, factor))
+                    mine = full[r * count:(r + 1) * count]
+                    if harness.digest(out) != harness.digest(mine):
+                        failures.append(f"{case}: differs bitwise from chunk {r} of all_reduce")
+                if not standin and harness.gloo_supports(dtype_name, op) and form == "tensor":
+                    g = torch.empty(count, dtype=x.dtype)
+                    try:
+                        dist.reduce_scatter_tensor(g, inputs[r].clone(), op=harness.reduce_op(op, factor),
+                                                   group=ctx.gloo)
+                    except RuntimeError:
+                        continue  # gloo lacks this dtype/op for reduce_scatter
+                    msg = harness.compare(out, g, dtype_name, op, scale, slack=2.0)
+                    if msg:
+                        failures.append(f"{case}: vs gloo: {msg}")
+    return failures, digests
+
+
+def _rank_all_gather(ctx, dtype_names, counts):
+    import torch
+    import torch.distributed as dist
+
+    n, r = ctx.world_size, ctx.rank
+    failures, digests = [], {}
+    for dtype_name in dtype_names:
+        for count in counts:
+            inputs = [harness.make_input(ctx.gen("ag", dtype_name, count, rank=q), dtype_name, count,
+                                         "SUM", n) for q in range(n)]
+            want = torch.cat(inputs)
+            for form in ("tensor", "inplace", "list", "list-strided"):
+                case = f"all_gather {form} world={n} {dtype_name} count={count}"
+                x = inputs[r].clone()
+                if form == "tensor":
+                    out = torch.empty(count * n, dtype=x.dtype)
+                    dist.all_gather_into_tensor(out, x, async_op=True).wait()
+                elif form == "inplace":  # the input is the output's own chunk
+                    out = torch.empty(count * n, dtype=x.dtype)
+                    out[r * count:(r + 1) * count] = x
+                    dist.all_gather_into_tensor(out, out[r * count:(r + 1) * count])
+                elif form == "list":
+                    outs = [torch.empty(count, dtype=x.dtype) for _ in range(n)]
+                    dist.all_gather(outs, x, async_op=True).wait()
+                    out = torch.cat(outs)
+                else:  # each output a column of a 2-D tensor: strided, written back by ringreduce
+                    base = torch.zeros(count, n, dtype=x.dtype)
+                    outs = [base[:, c] for c in range(n)]
+                    dist.all_gather(outs, x)
+                    out = torch.cat(outs)
+                if not torch.equal(x, inputs[r]) and form != "inplace":
+                    failures.append(f"{case}: the input was modified")
+                if not torch.equal(out, want):
+                    bad = int((out != want).sum()) if out.shape == want.shape else "all"
+                    failures.append(f"{case}: {bad} elements differ from the ranks' inputs")
+                digests[case] = harness.digest(out)
+    return failures, digests
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_reduce_scatter_sweep(ranks, world):
+    pool = ranks(world)
+    for dtype_name in DTYPE_NAMES:
+        harness.check_results(pool.run(_rank_reduce_scatter, dtype_name, COUNTS, timeout=300))
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_all_gather_sweep(ranks, world):
+    pool = ranks(world)
+    harness.check_results(pool.run(_rank_all_gather, DTYPE_NAMES, COUNTS, timeout=300))
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_halves_with_tiny_slices(ranks, world):
+    pool = ranks(world, env={"RINGREDUCE_SLICE_BYTES": "64", "RINGREDUCE_SLOTS": "2"})
+    for dtype_name in ("float32", "int64", "bfloat16"):
+        harness.check_results(pool.run(_rank_reduce_scatter, dtype_name, [0, 1, 1009], timeout=300))
+    harness.check_results(pool.run(_rank_all_gather, ["float32", "uint8"], [0, 1, 1009], timeout=300))
+
+
+def _rank_mismatch(ctx, kind):
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    g = dist.new_group(backend=ctx.backend, timeout=datetime.timedelta(seconds=20))
+    n = ctx.world_size
+    count = 100 if ctx.rank != n - 1 else 60  # the last rank disagrees
+    try:
+        if kind == "reduce_scatter":
+            dist.reduce_scatter_tensor(torch.empty(count), torch.ones(count * n), group=g)
+        else:
+            dist.all_gather_into_tensor(torch.empty(count * n), torch.ones(count), group=g)
+    except RuntimeError as e:
+        return str(e)
+    finally:
+        dist.destroy_process_group(g)
+    return None
+
+
+@pytest.mark.parametrize("kind", ["reduce_scatter", "allgather"])
+def test_mismatched_sizes_fail_on_every_rank(ranks, backend, kind):
+    if backend != "ringreduce":
+        pytest.skip("gloo aborts the process on a size mismatch")
+    errors = ranks(4).run(_rank_mismatch, kind, timeout=60)
+    for rank, err in enumerate(errors):
+        assert err is not None, f"rank {rank} did not fail"
+        assert f"ringreduce {kind}" in err and "100" in err and "60" in err, f"rank {rank}: {err}"
+
+
+def _rank_bad_sizes(ctx):
+    import torch
+    import torch.distributed as dist
+
+    n = ctx.world_size
+    msgs = []
+    for call in (
+        lambda: dist.reduce_scatter_tensor(torch.empty(5), torch.ones(5 * n + 1)),
+        lambda: dist.all_gather_into_tensor(torch.empty(5 * n - 1), torch.ones(5)),
+        lambda: dist.all_gather([torch.empty(5)] * (n + 1), torch.ones(5)),
+        lambda: dist.reduce_scatter(torch.empty(5), [torch.ones(5)] * (n + 1)),
+        lambda: dist.all_gather([torch.empty(5, dtype=torch.int32)] * n, torch.ones(5)),
+    ):
+        try:
+            call()
+            msgs.append(None)
+        except (RuntimeError, ValueError) as e:
+            msgs.append(str(e))
+    # The group is still usable after rejected calls.
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    return msgs, t.tolist()
+
+
+def test_bad_sizes_fail_at_the_call(ranks, backend):
+    if backend != "ringreduce":
+        pytest.skip("checks ringreduce's messages")
+    for msgs, t in ranks(2).run(_rank_bad_sizes, timeout=60):
+        assert t == [2.0, 2.0, 2.0]
+        for m in msgs:
+            # ringreduce's own messages, or torch's where its Python layer checks first (dtypes).
+            assert m is not None and ("ringreduce" in m or "dtype" in m.lower()), msgs
