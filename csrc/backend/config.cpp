@@ -84,12 +84,13 @@ Config Config::from_env(int local_ranks) {
   return c;
 }
 
-Config Config::agree(Bootstrap& bs, int rank) const {
-  const std::string key = "ringreduce/config";
+Config Config::agree(Bootstrap& bs, const std::string& prefix, int rank, int local_ranks) {
+  const std::string key = prefix + "config";
   std::string text;
   if (rank == 0) {
+    const Config mine = from_env(local_ranks);
     std::ostringstream s;
-    s << slice_bytes << ' ' << slots << ' ' << spin.count();
+    s << mine.slice_bytes << ' ' << mine.slots << ' ' << mine.spin.count();
     text = s.str();
     bs.set(key, text);
   } else {

@@ -35,9 +35,11 @@ struct Config {
   // 5.6 at 512K). README.md has the sweep.
   static size_t default_slice_bytes(int local_ranks);
 
-  // Every rank must slice the same way, so rank 0's values win: rank 0 publishes its config
-  // through the store and the others adopt it (returning what they adopted).
-  Config agree(Bootstrap& bs, int rank) const;
+  // Every rank must slice the same way, so rank 0's values win: rank 0 reads its environment
+  // (from_env) and publishes the result through the store under `prefix`, and the others adopt
+  // it. Only rank 0 parses the variables, so a bad value fails there, naming the variable, and
+  // the others fail with the store's timeout rather than on values they would not use.
+  static Config agree(Bootstrap& bs, const std::string& prefix, int rank, int local_ranks);
 
   std::string to_string() const;
 

@@ -21,6 +21,7 @@ class StoreBootstrap final : public Bootstrap {
     const std::vector<uint8_t> v = store_->get(key);
     return std::string(v.begin(), v.end());
   }
+  int64_t add(const std::string& key, int64_t delta) override { return store_->add(key, delta); }
 
  private:
   c10::intrusive_ptr<c10d::Store> store_;

@@ -25,6 +25,10 @@ enum class OpKind : uint32_t {
   Barrier = 3,
   ReduceScatter = 4,
   AllGather = 5,
+  Reduce = 6,
+  Gather = 7,
+  Scatter = 8,
+  AllToAll = 9,
 };
 const char* op_kind_name(OpKind k);
 
@@ -74,6 +78,13 @@ class Bootstrap {
   virtual ~Bootstrap() = default;
   virtual void set(const std::string& key, const std::string& value) = 0;
   virtual std::string get(const std::string& key) = 0;
+  // Atomically adds `delta` to the integer at `key` (0 if absent) and returns the new value.
+  virtual int64_t add(const std::string& key, int64_t delta) = 0;
 };
+
+// A prefix that is new each time a group is set up on the same store: torch reuses group names
+// after destroy_process_group, so keys left by an earlier incarnation must not be read. Every rank
+// of the group calls this once, at the same point of set-up.
+std::string incarnation_prefix(Bootstrap& bs, int size);
 
 }  // namespace ringreduce

@@ -68,7 +68,8 @@ struct ShmTransport::Fifo {
 
 static_assert(sizeof(MsgHeader) <= kSlotHeaderBytes, "slot header area too small");
 
-ShmTransport::ShmTransport(Bootstrap& bs, int rank, int size, const ShmConfig& cfg)
+ShmTransport::ShmTransport(Bootstrap& bs, const std::string& prefix, int rank, int size,
+                           const ShmConfig& cfg)
     : rank_(rank), size_(size), cfg_(cfg) {
   RR_CHECK(size >= 1 && rank >= 0 && rank < size, "ringreduce shm: invalid rank ", rank,
            " for world size ", size);
@@ -92,9 +93,9 @@ ShmTransport::ShmTransport(Bootstrap& bs, int rank, int size, const ShmConfig& c
   uint64_t token;
   if (rank == 0) {
     token = random_token();
-    bs.set("ringreduce/shm/token", hex64(token));
+    bs.set(prefix + "shm/token", hex64(token));
   } else {
-    token = std::strtoull(bs.get("ringreduce/shm/token").c_str(), nullptr, 16);
+    token = std::strtoull(bs.get(prefix + "shm/token").c_str(), nullptr, 16);
   }
   own_name_ = "/ringreduce-" + hex64(token) + "-" + std::to_string(rank);
 
@@ -102,15 +103,23 @@ ShmTransport::ShmTransport(Bootstrap& bs, int rank, int size, const ShmConfig& c
     int fd = shm_open(own_name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     RR_SYSCHECK(fd >= 0, "ringreduce shm: rank ", rank, " cannot create segment ", own_name_);
     own_linked_ = true;
-    const int trunc = ftruncate(fd, static_cast<off_t>(segment_bytes_));
-    const int trunc_errno = errno;
-    void* base = trunc == 0 ? mmap(nullptr, segment_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
-                            : MAP_FAILED;
+    // Reserve the pages now: tmpfs otherwise allocates them on first write, and a full /dev/shm
+    // would then kill the process with SIGBUS in the middle of an op instead of failing here.
+    const int reserved = posix_fallocate(fd, 0, static_cast<off_t>(segment_bytes_));
+    if (reserved != 0) {
+      close(fd);
+      errno = reserved;
+      RR_SYSCHECK(false, "ringreduce shm: rank ", rank, " cannot reserve ", segment_bytes_,
+                  " bytes in /dev/shm for ", own_name_,
+                  " (is /dev/shm full or small? RINGREDUCE_SLICE_BYTES and RINGREDUCE_SLOTS set how "
+                  "much each rank needs)");
+    }
+    void* base = mmap(nullptr, segment_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     const int map_errno = errno;
     close(fd);
-    errno = trunc == 0 ? map_errno : trunc_errno;
-    RR_SYSCHECK(base != MAP_FAILED, "ringreduce shm: rank ", rank, " cannot size or map ",
-                segment_bytes_, " bytes of shared memory for ", own_name_);
+    errno = map_errno;
+    RR_SYSCHECK(base != MAP_FAILED, "ringreduce shm: rank ", rank, " cannot map ", segment_bytes_,
+                " bytes of shared memory for ", own_name_);
     bases_[rank] = base;
     // tmpfs hands out zeroed pages, so every counter below starts at 0.
     Segment* seg = segment(rank);
@@ -121,12 +130,12 @@ ShmTransport::ShmTransport(Bootstrap& bs, int rank, int size, const ShmConfig& c
     seg->slot_bytes = cfg.slot_bytes;
     seg->nslots = cfg.nslots;
     seg->blocked_on.store(-1);
-    bs.set("ringreduce/shm/name/" + std::to_string(rank), own_name_);
+    bs.set(prefix + "shm/name/" + std::to_string(rank), own_name_);
 
     // The probe: opening the peer's segment only works if it is on this host.
     for (int p = 0; p < size; ++p) {
       if (p == rank) continue;
-      const std::string name = bs.get("ringreduce/shm/name/" + std::to_string(p));
+      const std::string name = bs.get(prefix + "shm/name/" + std::to_string(p));
       int pfd = shm_open(name.c_str(), O_RDWR, 0);
       RR_SYSCHECK(pfd >= 0, "ringreduce shm: rank ", rank, " cannot open rank ", p,
                   "'s shared-memory segment ", name,
@@ -149,11 +158,12 @@ ShmTransport::ShmTransport(Bootstrap& bs, int rank, int size, const ShmConfig& c
     }
 
     // Unlink once every peer holds a mapping: from here on a crash leaves nothing behind.
-    bs.set("ringreduce/shm/mapped/" + std::to_string(rank), "1");
+    bs.set(prefix + "shm/mapped/" + std::to_string(rank), "1");
     for (int p = 0; p < size; ++p) {
-      if (p != rank) bs.get("ringreduce/shm/mapped/" + std::to_string(p));
+      if (p != rank) bs.get(prefix + "shm/mapped/" + std::to_string(p));
     }
-    shm_unlink(own_name_.c_str());
+    RR_SYSCHECK(shm_unlink(own_name_.c_str()) == 0, "ringreduce shm: rank ", rank,
+                " cannot unlink its segment ", own_name_);
     own_linked_ = false;
   } catch (...) {
     if (own_linked_) shm_unlink(own_name_.c_str());
@@ -189,7 +199,7 @@ ShmTransport::Fifo* ShmTransport::fifo(int receiver, int sender) const {
   return reinterpret_cast<Fifo*>(base + kPage + static_cast<size_t>(sender) * fifo_stride_);
 }
 
-uint8_t* ShmTransport::slot(int receiver, int sender, uint32_t index) const {
+uint8_t* ShmTransport::slot(int receiver, int sender, uint64_t index) const {
   auto* f = reinterpret_cast<uint8_t*>(fifo(receiver, sender));
   return f + kPage + static_cast<size_t>(index % cfg_.nslots) * slot_stride_;
 }
@@ -275,7 +285,7 @@ void* ShmTransport::send_begin(int peer, const OpContext& op, const Deadline& dl
   check_peer(peer, "send");
   segment(rank_)->op_seq.store(op.seq + 1, std::memory_order_relaxed);
   Fifo* f = fifo(peer, rank_);
-  const uint32_t seq = sent_[peer];
+  const uint32_t seq = static_cast<uint32_t>(sent_[peer]);
   const uint32_t nslots = cfg_.nslots;
   // Free when fewer than nslots messages are unreleased; unsigned arithmetic survives wrap-around.
   wait_until(f->tail, [seq, nslots](uint32_t tail) { return seq - tail < nslots; }, peer,
@@ -288,7 +298,8 @@ void ShmTransport::send_end(int peer, const MsgHeader& hdr) {
            " bytes to rank ", peer, ", more than a slot holds (", cfg_.slot_bytes, ")");
   std::memcpy(slot(peer, rank_, sent_[peer]), &hdr, sizeof hdr);
   sent_[peer] += 1;
-  publish(fifo(peer, rank_)->head, sent_[peer]);  // seq_cst store: orders the payload before it
+  // seq_cst store: orders the payload before it.
+  publish(fifo(peer, rank_)->head, static_cast<uint32_t>(sent_[peer]));
 }
 
 const void* ShmTransport::recv_begin(int peer, MsgHeader* hdr, const OpContext& op,
@@ -296,10 +307,10 @@ const void* ShmTransport::recv_begin(int peer, MsgHeader* hdr, const OpContext& 
   check_peer(peer, "receive");
   segment(rank_)->op_seq.store(op.seq + 1, std::memory_order_relaxed);
   Fifo* f = fifo(rank_, peer);
-  const uint32_t want = received_[peer];
+  const uint32_t want = static_cast<uint32_t>(received_[peer]);
   wait_until(f->head, [want](uint32_t head) { return head - want - 1 < 0x80000000u; }, peer,
              "its data", op, dl);
-  const uint8_t* s = slot(rank_, peer, want);
+  const uint8_t* s = slot(rank_, peer, received_[peer]);
   std::memcpy(hdr, s, sizeof *hdr);
   // The header came from another process: never let it steer a read past the slot.
   RR_CHECK(hdr->bytes <= cfg_.slot_bytes, "ringreduce ", op.name, " #", op.seq, ": rank ", rank_,
@@ -310,7 +321,7 @@ const void* ShmTransport::recv_begin(int peer, MsgHeader* hdr, const OpContext& 
 
 void ShmTransport::recv_end(int peer) {
   received_[peer] += 1;
-  publish(fifo(rank_, peer)->tail, received_[peer]);
+  publish(fifo(rank_, peer)->tail, static_cast<uint32_t>(received_[peer]));
 }
 
 void ShmTransport::abort_group(const std::string& why) {

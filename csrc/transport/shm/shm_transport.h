@@ -31,7 +31,9 @@ class ShmTransport final : public Transport {
  public:
   // Collective over the group: every rank constructs its transport at the same time. Throws
   // ringreduce::Error naming the peer if a peer's segment cannot be opened or does not match.
-  ShmTransport(Bootstrap& bootstrap, int rank, int size, const ShmConfig& cfg);
+  // `prefix` scopes the store keys to this incarnation of the group (incarnation_prefix()).
+  ShmTransport(Bootstrap& bootstrap, const std::string& prefix, int rank, int size,
+               const ShmConfig& cfg);
   ~ShmTransport() override;
   ShmTransport(const ShmTransport&) = delete;
   ShmTransport& operator=(const ShmTransport&) = delete;
@@ -48,8 +50,10 @@ class ShmTransport final : public Transport {
   void abort_group(const std::string& why) override;
   std::string abort_reason() const override;
 
-  // Names of the segments this transport created and has not unlinked yet (tests check it is
-  // empty once construction returned).
+  // The name this rank's segment was created under (unlinked once set-up returned).
+  const std::string& segment_name() const { return own_name_; }
+  // Names of the segments this transport created and has not unlinked yet (empty once set-up
+  // returned).
   std::vector<std::string> linked_segments() const;
 
  private:
@@ -58,7 +62,7 @@ class ShmTransport final : public Transport {
 
   Segment* segment(int owner) const;
   Fifo* fifo(int receiver, int sender) const;
-  uint8_t* slot(int receiver, int sender, uint32_t index) const;
+  uint8_t* slot(int receiver, int sender, uint64_t index) const;
 
   template <class Ready>
   void wait_until(WaitWord& word, Ready ready, int peer, const char* waiting_for,
@@ -78,8 +82,10 @@ class ShmTransport final : public Transport {
   std::string own_name_;
   bool own_linked_ = false;
   std::vector<void*> bases_;        // bases_[r]: rank r's segment mapped here (ours included)
-  std::vector<uint32_t> sent_;      // messages published to each peer
-  std::vector<uint32_t> received_;  // messages released from each peer
+  // Messages published to / released from each peer. 64-bit so that the slot index (count modulo
+  // nslots) never jumps when a 32-bit count wraps; the shared counters carry the low 32 bits.
+  std::vector<uint64_t> sent_;
+  std::vector<uint64_t> received_;
 };
 
 }  // namespace ringreduce
