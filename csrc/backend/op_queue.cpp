@@ -21,32 +21,32 @@ void OpQueue::push(c10::intrusive_ptr<RingWork> work, std::function<void()> body
   cv_.notify_one();
 }
 
-bool OpQueue::run_inline_if_idle(const c10::intrusive_ptr<RingWork>& work,
-                                 const std::function<void()>& body) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_ || running_ || !tasks_.empty()) return false;
-    running_ = true;
-  }
-  {
-    at::NoGradGuard no_grad;
-    run(work, body);
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    running_ = false;
-  }
-  cv_.notify_all();  // the progress thread may be holding an op that arrived meanwhile
+bool OpQueue::try_claim() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_ || running_ || !tasks_.empty()) return false;
+  running_ = true;
   return true;
 }
 
-void OpQueue::run(const c10::intrusive_ptr<RingWork>& work, const std::function<void()>& body) {
+void OpQueue::run_claimed(const c10::intrusive_ptr<RingWork>& work,
+                          const std::function<void()>& body) {
+  at::NoGradGuard no_grad;
+  run_and_complete(work, body);
+}
+
+void OpQueue::run_and_complete(const c10::intrusive_ptr<RingWork>& work,
+                               const std::function<void()>& body) {
   std::exception_ptr error;
   try {
     body();
   } catch (...) {
     error = as_dist_error(std::current_exception());
   }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    running_ = false;
+  }
+  cv_.notify_all();  // ops that arrived meanwhile may run now
   work->complete(error);
 }
 
@@ -94,11 +94,7 @@ void OpQueue::loop() {
       tasks_.pop_front();
       running_ = true;
     }
-    run(task.work, task.body);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      running_ = false;
-    }
+    run_and_complete(task.work, task.body);
   }
 }
 

@@ -26,12 +26,15 @@ class OpQueue {
   // with its outcome. Throws if the queue was shut down.
   void push(c10::intrusive_ptr<RingWork> work, std::function<void()> body);
 
-  // For a synchronous op (the caller waits right away): if nothing is queued or running, runs
-  // `body` on the calling thread and completes `work`, returning true. That keeps issue order and
-  // saves the two thread hand-offs (caller to progress thread and back) that dominate small ops.
-  // Returns false, having done nothing, when the progress thread is busy: push() it then.
-  bool run_inline_if_idle(const c10::intrusive_ptr<RingWork>& work,
-                          const std::function<void()>& body);
+  // For a synchronous op (the caller waits right away) the caller may run it on its own thread,
+  // which saves the two thread hand-offs that dominate small ops. try_claim() succeeds when
+  // nothing is queued or running, and makes later pushes wait; the caller then runs the op with
+  // run_claimed(), which ends the claim before completing the Work.
+  bool try_claim();
+  void run_claimed(const c10::intrusive_ptr<RingWork>& work, const std::function<void()>& body);
+
+  // The progress thread's id: a Work waited for on this thread could never complete.
+  std::thread::id thread_id() const { return thread_.get_id(); }
 
   // Stops taking ops, lets the queued ones run (each keeps its own deadline) and joins the thread.
   // Idempotent.
@@ -47,7 +50,9 @@ class OpQueue {
   };
   void loop();
   void join();
-  static void run(const c10::intrusive_ptr<RingWork>& work, const std::function<void()>& body);
+  // Runs body, ends the claim (running_), then completes the Work: its future's callbacks may
+  // issue further ops on this group, which must then find the queue free.
+  void run_and_complete(const c10::intrusive_ptr<RingWork>& work, const std::function<void()>& body);
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -51,13 +51,14 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     : c10d::Backend(rank, size), timeout_(timeout) {
   try {
     StoreBootstrap bs(store);
+    const std::string prefix = incarnation_prefix(bs, size);
     // Every rank of a group is on this host until the TCP transport lands.
-    config_ = Config::from_env(size).agree(bs, rank);
+    config_ = Config::agree(bs, prefix, rank, size);
     ShmConfig shm;
     shm.slot_bytes = config_.slice_bytes;
     shm.nslots = config_.slots;
     shm.spin = config_.spin;
-    transport_ = std::make_unique<ShmTransport>(bs, rank, size, shm);
+    transport_ = std::make_unique<ShmTransport>(bs, prefix, rank, size, shm);
     ring_ = std::make_unique<Ring>(*transport_, config_.slice_bytes);
   } catch (const c10::Error&) {
     throw;
@@ -96,7 +97,8 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const cha
   std::unique_lock<std::mutex> lock(mu_);
   const uint64_t seq = next_seq_++;
   const std::chrono::milliseconds t = timeout == c10d::kUnsetTimeout ? timeout_ : timeout;
-  auto work = c10::make_intrusive<RingWork>(rank_, type, name, seq, std::move(outputs));
+  auto work = c10::make_intrusive<RingWork>(rank_, type, name, seq, std::move(outputs),
+                                            queue_.thread_id());
   std::function<void()> task = [body = std::move(body), name, seq, t] {
     OpContext ctx;
     ctx.name = name;
@@ -105,9 +107,12 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const cha
     // The deadline starts when the op starts: time spent queued behind earlier ops is theirs.
     body(ctx, Deadline::after(t));
   };
-  if (!async_op) {
-    // Ops from other threads wait for this one (they would queue behind it anyway).
-    if (queue_.run_inline_if_idle(work, task)) return work;
+  // Claiming or queueing under mu_ keeps queue order equal to sequence order; the op itself
+  // runs without mu_, so other threads can issue ops (they queue behind it) meanwhile.
+  if (!async_op && queue_.try_claim()) {
+    lock.unlock();
+    queue_.run_claimed(work, task);
+    return work;
   }
   try {
     queue_.push(work, std::move(task));

@@ -10,14 +10,16 @@
 
 #include <chrono>
 #include <exception>
+#include <thread>
 #include <vector>
 
 namespace ringreduce {
 
 class RingWork final : public c10d::Work {
  public:
+  // `progress_thread`: the thread that completes queued ops; waiting on it would never end.
   RingWork(int rank, c10d::OpType type, const char* op_name, uint64_t seq,
-           std::vector<at::Tensor> outputs);
+           std::vector<at::Tensor> outputs, std::thread::id progress_thread);
 
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
@@ -35,6 +37,7 @@ class RingWork final : public c10d::Work {
   uint64_t seq_;
   int rank_;
   std::vector<at::Tensor> outputs_;
+  std::thread::id progress_thread_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
