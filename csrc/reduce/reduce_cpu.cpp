@@ -523,11 +523,12 @@ void scale(void* dst, const void* src, size_t n, DType t, double factor) {
 
 namespace {
 
-// Below this the destination plausibly stays in L2 and will be read soon enough that bypassing the
-// cache costs more than it saves; above it, non-temporal stores skip the read-for-ownership of
-// every destination line (a third of the memory traffic of a copy) and leave the cache to the
-// ring's own buffers.
-constexpr size_t kStreamingMinBytes = 256 * 1024;
+// Whether to stream is the caller's decision: the ring asks for it when the whole op is too large
+// to stay in cache, and then calls copy() once per slice, each well under the op's size.
+// Non-temporal stores skip the read-for-ownership of every destination line (a third of the memory
+// traffic of a copy) and leave the cache to the ring's own buffers. Below this size the aligned
+// head and tail handled by memcpy dominate, so tiny copies stay plain.
+constexpr size_t kStreamingMinBytes = 4 * 1024;
 
 #if RR_X86_64
 // SSE2 is baseline on x86-64, so no dispatch: 16-byte non-temporal stores reach the same bandwidth

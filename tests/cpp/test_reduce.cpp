@@ -899,8 +899,8 @@ RR_TEST(scale_float_and_complex) {
 // copy
 
 RR_TEST(copy_sizes_alignments_streaming) {
-  // 256 KiB is where copy() starts using non-temporal stores (kStreamingMinBytes in reduce_cpu.cpp).
-  const size_t T = 256 * 1024;
+  // 4 KiB is where copy() starts using non-temporal stores (kStreamingMinBytes in reduce_cpu.cpp).
+  const size_t T = 4 * 1024;
   const size_t sizes[] = {0, 1, 15, 16, 17, 63, 64, 65, 4095, T - 1, T, T + 1, T + 63, T + 81,
                           4 * T + 5, (size_t(1) << 20) + 3};
   const size_t max_size = *std::max_element(std::begin(sizes), std::end(sizes));
