@@ -21,7 +21,7 @@ std::string describe(const MsgHeader& h) {
   std::string s = detail::cat(op_kind_name(static_cast<OpKind>(h.kind)), " #", h.seq, " of ",
                               h.count, " ", dtype_name(static_cast<DType>(h.dtype)));
   const auto kind = static_cast<OpKind>(h.kind);
-  if (kind == OpKind::Allreduce || kind == OpKind::ReduceScatter) {
+  if (kind == OpKind::Allreduce || kind == OpKind::ReduceScatter || kind == OpKind::Reduce) {
     s += detail::cat(" (", redop_name(static_cast<RedOp>(h.redop & 0x7f)),
                      (h.redop & 0x80) ? ", averaged" : "", ")");
   }
@@ -116,7 +116,7 @@ void Ring::reduce_scatter_slice(const Plan& p, size_t j, const Chunks& in, DType
     const Span sp = span(p, c, j);
     const void* src = recv_checked(prev, fp, sp.len * p.es, ctx, dl);
     void* dst = t_.send_begin(next, ctx, dl);
-    if (sp.len) reduce(dst, src, in.at(c) + sp.offset * p.es, sp.len, t, op);
+    if (sp.len) ringreduce::reduce(dst, src, in.at(c) + sp.offset * p.es, sp.len, t, op);
     send_done(next, fp, sp.len * p.es);
     t_.recv_end(prev);
   }
@@ -167,7 +167,7 @@ void Ring::allreduce(const void* in_ptr, void* out_ptr, size_t count, DType t, R
                          [&](const Span& sp, const void* partial, const uint8_t* mine) {
                            void* dst = t_.send_begin(next, ctx, dl);
                            if (sp.len) {
-                             reduce(dst, partial, mine, sp.len, t, op);
+                             ringreduce::reduce(dst, partial, mine, sp.len, t, op);
                              if (divisor != 1) divide(dst, dst, sp.len, t, divisor);
                              copy(out.at(rank_) + sp.offset * es, dst, sp.len * es, p.streaming);
                            }
@@ -195,7 +195,7 @@ void Ring::reduce_scatter(const Chunks& in, void* out_ptr, size_t count, DType t
                          [&](const Span& sp, const void* partial, const uint8_t* mine) {
                            if (!sp.len) return;
                            uint8_t* dst = out + sp.offset * es;
-                           reduce(dst, partial, mine, sp.len, t, op);
+                           ringreduce::reduce(dst, partial, mine, sp.len, t, op);
                            if (divisor != 1) divide(dst, dst, sp.len, t, divisor);
                          });
   }
@@ -221,10 +221,151 @@ void Ring::all_gather(const void* in_ptr, const Chunks& out, size_t count, DType
   }
 }
 
-void Ring::broadcast(void* buf_ptr, size_t count, DType t, int root, const OpContext& ctx,
-                     const Deadline& dl) {
+void Ring::reduce(const void* in_ptr, void* out_ptr, size_t count, DType t, RedOp op,
+                  int64_t divisor, int root, const OpContext& ctx, const Deadline& dl) {
+  check_root(root, ctx);
+  const int n = size_;
+  const size_t es = dtype_size(t);
+  if (n == 1) {
+    allreduce(in_ptr, out_ptr, count, t, op, divisor, ctx, dl);
+    return;
+  }
+  const Plan p = plan(count, ceil_div(count, static_cast<size_t>(n)), t);
+  const Chunks in(in_ptr, p.chunk * es), out(out_ptr, p.chunk * es);
+  const MsgHeader fp = fingerprint(ctx, OpKind::Reduce, count, t,
+                                   static_cast<uint8_t>(op) | (divisor != 1 ? 0x80 : 0), root);
+  for (size_t j = 0; j < p.nslices; ++j) {
+    // Rank r finishes chunk r and sends it straight to the root: n-1 messages into the root
+    // instead of an all-gather around the ring.
+    reduce_scatter_slice(p, j, in, t, op, fp, ctx, dl,
+                         [&](const Span& sp, const void* partial, const uint8_t* mine) {
+                           const bool at_root = rank_ == root;
+                           void* dst = at_root ? out.at(root) + sp.offset * es
+                                               : t_.send_begin(root, ctx, dl);
+                           if (sp.len) {
+                             ringreduce::reduce(dst, partial, mine, sp.len, t, op);
+                             if (divisor != 1) divide(dst, dst, sp.len, t, divisor);
+                           }
+                           if (!at_root) send_done(root, fp, sp.len * es);
+                         });
+    if (rank_ != root) continue;
+    // Each peer's finished slice j follows all its ring messages of slice j in any FIFO they share
+    // (the root's predecessor), so collecting here keeps every FIFO in order.
+    for (int c = 0; c < n; ++c) {
+      if (c == root) continue;
+      const Span sp = span(p, c, j);
+      const void* src = recv_checked(c, fp, sp.len * es, ctx, dl);
+      if (sp.len) copy(out.at(c) + sp.offset * es, src, sp.len * es, p.streaming);
+      t_.recv_end(c);
+    }
+  }
+}
+
+void Ring::gather(const void* in_ptr, const Chunks& out, size_t count, DType t, int root,
+                  const OpContext& ctx, const Deadline& dl) {
+  check_root(root, ctx);
+  const size_t es = dtype_size(t);
+  const auto* in = static_cast<const uint8_t*>(in_ptr);
+  if (rank_ == root && count > 0 && out.at(root) != in) copy(out.at(root), in, count * es);
+  if (size_ == 1) return;
+  const Plan p = plan(count, count, t);
+  const MsgHeader fp = fingerprint(ctx, OpKind::Gather, count, t, 0, root);
+  for (size_t j = 0; j < p.nslices; ++j) {
+    const Span sp = span(p, 0, j);
+    if (rank_ != root) {
+      void* dst = t_.send_begin(root, ctx, dl);
+      if (sp.len) copy(dst, in + sp.offset * es, sp.len * es);
+      send_done(root, fp, sp.len * es);
+      continue;
+    }
+    // Slice by slice from every peer in turn, so that all of them keep sending.
+    for (int c = 0; c < size_; ++c) {
+      if (c == root) continue;
+      const void* src = recv_checked(c, fp, sp.len * es, ctx, dl);
+      if (sp.len) copy(out.at(c) + sp.offset * es, src, sp.len * es, p.streaming);
+      t_.recv_end(c);
+    }
+  }
+  round(fp, ctx, dl);  // the non-roots only sent: let them hear if the root found a mismatch
+}
+
+void Ring::scatter(const Chunks& in, void* out_ptr, size_t count, DType t, int root,
+                   const OpContext& ctx, const Deadline& dl) {
+  check_root(root, ctx);
+  const size_t es = dtype_size(t);
+  auto* out = static_cast<uint8_t*>(out_ptr);
+  if (rank_ == root && count > 0 && in.at(root) != out) copy(out, in.at(root), count * es);
+  if (size_ == 1) return;
+  const Plan p = plan(count, count, t);
+  const MsgHeader fp = fingerprint(ctx, OpKind::Scatter, count, t, 0, root);
+  for (size_t j = 0; j < p.nslices; ++j) {
+    const Span sp = span(p, 0, j);
+    if (rank_ == root) {
+      for (int c = 0; c < size_; ++c) {
+        if (c == root) continue;
+        void* dst = t_.send_begin(c, ctx, dl);
+        if (sp.len) copy(dst, in.at(c) + sp.offset * es, sp.len * es);
+        send_done(c, fp, sp.len * es);
+      }
+    } else {
+      const void* src = recv_checked(root, fp, sp.len * es, ctx, dl);
+      if (sp.len) copy(out + sp.offset * es, src, sp.len * es, p.streaming);
+      t_.recv_end(root);
+    }
+  }
+  round(fp, ctx, dl);  // the root only sent
+}
+
+void Ring::alltoall(const Chunks& in, const std::vector<size_t>& send_counts, const Chunks& out,
+                    const std::vector<size_t>& recv_counts, DType t, const OpContext& ctx,
+                    const Deadline& dl) {
+  const int n = size_, r = rank_;
+  RR_CHECK(send_counts.size() == static_cast<size_t>(n) && recv_counts.size() == static_cast<size_t>(n),
+           "ringreduce ", ctx.name, ": rank ", r, ": expected ", n, " send and receive counts");
+  const size_t es = dtype_size(t);
+  RR_CHECK(send_counts[r] == recv_counts[r], "ringreduce ", ctx.name, ": rank ", r, " sends ",
+           send_counts[r], " elements to itself but expects to receive ", recv_counts[r]);
+  if (send_counts[r] > 0 && in.at(r) != out.at(r)) copy(out.at(r), in.at(r), send_counts[r] * es);
+  const size_t slice = std::max<size_t>(1, slice_bytes_ / es);
+  // Round s pairs every rank with the rank s ahead (to send) and s behind (to receive), so each
+  // FIFO has exactly one sender and one receiver at a time. Sends and receives alternate slice by
+  // slice: a rank never waits to send while its own inbox is full.
+  for (int s = 1; s < n; ++s) {
+    const int to = (r + s) % n, from = (r - s + n) % n;
+    // The header's count is the pair's element count, so split sizes that disagree are caught.
+    const MsgHeader fp_out = fingerprint(ctx, OpKind::AllToAll, send_counts[to], t, 0, -1);
+    const MsgHeader fp_in = fingerprint(ctx, OpKind::AllToAll, recv_counts[from], t, 0, -1);
+    const size_t nsend = std::max<size_t>(1, ceil_div(send_counts[to], slice));
+    const size_t nrecv = std::max<size_t>(1, ceil_div(recv_counts[from], slice));
+    for (size_t j = 0; j < std::max(nsend, nrecv); ++j) {
+      if (j < nsend) {
+        const size_t off = std::min(send_counts[to], j * slice);
+        const size_t len = std::min(send_counts[to] - off, slice);
+        void* dst = t_.send_begin(to, ctx, dl);
+        if (len) copy(dst, in.at(to) + off * es, len * es);
+        send_done(to, fp_out, len * es);
+      }
+      if (j < nrecv) {
+        const size_t off = std::min(recv_counts[from], j * slice);
+        const size_t len = std::min(recv_counts[from] - off, slice);
+        const void* src = recv_checked(from, fp_in, len * es, ctx, dl);
+        if (len) copy(out.at(from) + off * es, src, len * es);
+        t_.recv_end(from);
+      }
+    }
+  }
+  // A rank's sends may all fit in its peers' FIFOs before a peer checks them.
+  round(fingerprint(ctx, OpKind::AllToAll, 0, t, 0, -1), ctx, dl);
+}
+
+void Ring::check_root(int root, const OpContext& ctx) const {
   RR_CHECK(root >= 0 && root < size_, "ringreduce ", ctx.name, ": rank ", rank_, ": root ", root,
            " is not a rank of this group (size ", size_, ")");
+}
+
+void Ring::broadcast(void* buf_ptr, size_t count, DType t, int root, const OpContext& ctx,
+                     const Deadline& dl) {
+  check_root(root, ctx);
   const int n = size_;
   if (n == 1) return;
   auto* buf = static_cast<uint8_t*>(buf_ptr);
@@ -255,14 +396,20 @@ void Ring::broadcast(void* buf_ptr, size_t count, DType t, int root, const OpCon
       t_.recv_end(prev);
     }
   }
+  // The root only sent, and ranks early in the chain may have returned before a later one found
+  // a mismatch: the closing round makes them all hear of it.
+  round(fp, ctx, dl);
 }
 
 void Ring::barrier(const OpContext& ctx, const Deadline& dl) {
+  round(fingerprint(ctx, OpKind::Barrier, 0, DType::UInt8, 0, -1), ctx, dl);
+}
+
+void Ring::round(const MsgHeader& fp, const OpContext& ctx, const Deadline& dl) {
   const int n = size_;
   if (n == 1) return;
   const int next = (rank_ + 1) % n;
   const int prev = (rank_ + n - 1) % n;
-  const MsgHeader fp = fingerprint(ctx, OpKind::Barrier, 0, DType::UInt8, 0, -1);
   // After step s a rank has heard, through its predecessor, from the s ranks before it; n-1 steps
   // cover the whole group.
   for (int s = 0; s < n - 1; ++s) {

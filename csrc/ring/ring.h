@@ -60,6 +60,27 @@ class Ring {
   void all_gather(const void* in, const Chunks& out, size_t count, DType t, const OpContext& ctx,
                   const Deadline& dl);
 
+  // out on `root` = the reduction of every rank's `in` (count elements), divided by `divisor` when
+  // it is not 1; `out` is only used on the root (it may equal `in` there). A reduce-scatter whose
+  // last step sends each finished chunk to the root instead of around the ring.
+  void reduce(const void* in, void* out, size_t count, DType t, RedOp op, int64_t divisor,
+              int root, const OpContext& ctx, const Deadline& dl);
+
+  // Chunk r of `out` on `root` = rank r's `in` (count elements). `out` is only used on the root.
+  void gather(const void* in, const Chunks& out, size_t count, DType t, int root,
+              const OpContext& ctx, const Deadline& dl);
+
+  // `out` on rank r = chunk r of `in` on `root` (count elements). `in` is only used on the root.
+  void scatter(const Chunks& in, void* out, size_t count, DType t, int root, const OpContext& ctx,
+               const Deadline& dl);
+
+  // Rank r sends send_counts[p] elements from `in` chunk p to every rank p, and receives
+  // recv_counts[p] elements from rank p into `out` chunk p. The counts must agree pairwise
+  // (rank r's send_counts[p] is rank p's recv_counts[r]): a mismatch fails on both.
+  void alltoall(const Chunks& in, const std::vector<size_t>& send_counts, const Chunks& out,
+                const std::vector<size_t>& recv_counts, DType t, const OpContext& ctx,
+                const Deadline& dl);
+
   // buf on `root` is copied into buf on every other rank, as a pipelined chain along the ring.
   void broadcast(void* buf, size_t count, DType t, int root, const OpContext& ctx,
                  const Deadline& dl);
@@ -80,6 +101,12 @@ class Ring {
   const void* recv_checked(int peer, const MsgHeader& expect, size_t bytes, const OpContext& ctx,
                            const Deadline& dl);
   void send_done(int peer, MsgHeader hdr, size_t bytes);
+  void check_root(int root, const OpContext& ctx) const;
+  // n-1 steps of "send an empty message to the successor, receive one from the predecessor":
+  // afterwards every rank has heard, through the chain, from every other. A barrier; and the
+  // closing round of ops in which some ranks only send (a broadcast's root, gather's non-roots):
+  // a rank that found a mismatch stops, and the round makes every other rank fail too.
+  void round(const MsgHeader& fp, const OpContext& ctx, const Deadline& dl);
 
   // How an op's elements are cut: n chunks of `chunk` elements (the last ones shorter or empty when
   // `count` does not divide by n), each cut into `nslices` slices of at most `slice` elements.

@@ -12,6 +12,12 @@
 #include <thread>
 #include <vector>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+
 #include "common/error.h"
 #include "ring/ring.h"
 #include "rrtest.h"
@@ -31,6 +37,12 @@ class MapBootstrap : public Bootstrap {
       kv_[k] = v;
     }
     cv_.notify_all();
+  }
+  int64_t add(const std::string& k, int64_t delta) override {
+    std::lock_guard<std::mutex> l(mu_);
+    const int64_t v = (kv_.count(k) ? std::stoll(kv_[k]) : 0) + delta;
+    kv_[k] = std::to_string(v);
+    return v;
   }
   std::string get(const std::string& k) override {
     std::unique_lock<std::mutex> l(mu_);
@@ -63,7 +75,7 @@ std::vector<RankResult> run_group(int n, ShmConfig cfg,
     threads.emplace_back([&, r] {
       const auto start = Clock::now();
       try {
-        ShmTransport t(bs, r, n, cfg);
+        ShmTransport t(bs, incarnation_prefix(bs, n), r, n, cfg);
         Ring ring(t, cfg.slot_bytes);
         fn(r, ring, t);
       } catch (const TimeoutError& e) {
@@ -264,6 +276,99 @@ RR_TEST(reduce_scatter_and_all_gather_contiguous_and_as_lists) {
   }
 }
 
+RR_TEST(reduce_gather_scatter_to_and_from_every_root) {
+  for (int n = 1; n <= 4; ++n) {
+    for (size_t slot : {size_t(64), size_t(4096)}) {
+      for (size_t count : {size_t(0), size_t(1), size_t(37), size_t(20011)}) {
+        const uint32_t seed = static_cast<uint32_t>(n * 7919 + count + slot);
+        std::vector<std::string> wrong(n);
+        auto res = run_group(n, config(slot, 2), [&](int r, Ring& ring, ShmTransport&) {
+          const auto dl = [] { return Deadline::after(milliseconds(20000)); };
+          uint64_t seq = 0;
+          for (int root = 0; root < n; ++root) {
+            std::vector<int32_t> in(count);
+            for (size_t i = 0; i < count; ++i) in[i] = input_of(r, i, seed + root);
+            std::vector<int32_t> out(count, -7);
+            ring.reduce(in.data(), out.data(), count, DType::Int32, RedOp::Sum, 1, root,
+                        ctx(seq++, "reduce"), dl());
+            if (r == root) {
+              for (size_t i = 0; i < count; ++i) {
+                int64_t want = 0;
+                for (int q = 0; q < n; ++q) want += input_of(q, i, seed + root);
+                if (out[i] != want) { wrong[r] += rrtest::message(" reduce root=", root, " i=", i); break; }
+              }
+            }
+            std::vector<int32_t> all(count * n, -7);
+            ring.gather(in.data(), Chunks(all.data(), count * 4), count, DType::Int32, root,
+                        ctx(seq++, "gather"), dl());
+            if (r == root) {
+              for (int q = 0; q < n; ++q)
+                for (size_t i = 0; i < count; ++i)
+                  if (all[q * count + i] != input_of(q, i, seed + root)) { wrong[r] += rrtest::message(" gather root=", root); q = n; break; }
+            }
+            std::vector<int32_t> src(count * n), mine(count, -7);
+            for (size_t i = 0; i < src.size(); ++i) src[i] = input_of(root, i, seed + 99);
+            ring.scatter(Chunks(src.data(), count * 4), mine.data(), count, DType::Int32, root,
+                         ctx(seq++, "scatter"), dl());
+            for (size_t i = 0; i < count; ++i)
+              if (mine[i] != input_of(root, r * count + i, seed + 99)) { wrong[r] += rrtest::message(" scatter root=", root); break; }
+          }
+        });
+        const std::string where = rrtest::message("n=", n, " slot=", slot, " count=", count);
+        expect_all_ok(res, where);
+        for (int r = 0; r < n; ++r) RR_EXPECT(wrong[r].empty(), where, " rank ", r, ":", wrong[r]);
+      }
+    }
+  }
+}
+
+RR_TEST(alltoall_even_and_uneven_splits) {
+  for (int n = 1; n <= 4; ++n) {
+    for (size_t slot : {size_t(64), size_t(4096)}) {
+      // Rank r sends (r + 2p) % 5 * scale elements to rank p: uneven, sometimes zero.
+      for (size_t scale : {size_t(0), size_t(1), size_t(3001)}) {
+        auto cnt = [&](int from, int to) { return static_cast<size_t>((from + 2 * to) % 5) * scale; };
+        std::vector<std::string> wrong(n);
+        auto res = run_group(n, config(slot, 2), [&](int r, Ring& ring, ShmTransport&) {
+          std::vector<size_t> sc(n), rc(n);
+          std::vector<std::vector<int32_t>> in(n), out(n);
+          std::vector<void*> ip, op;
+          for (int p = 0; p < n; ++p) {
+            sc[p] = cnt(r, p);
+            rc[p] = cnt(p, r);
+            in[p].resize(sc[p]);
+            for (size_t i = 0; i < sc[p]; ++i) in[p][i] = input_of(r, p * 100000 + i, 5);
+            out[p].assign(rc[p], -7);
+            ip.push_back(in[p].data());
+            op.push_back(out[p].data());
+          }
+          ring.alltoall(Chunks(&ip), sc, Chunks(&op), rc, DType::Int32, ctx(0, "alltoall"),
+                        Deadline::after(milliseconds(20000)));
+          for (int p = 0; p < n; ++p)
+            for (size_t i = 0; i < rc[p]; ++i)
+              if (out[p][i] != input_of(p, r * 100000 + i, 5)) { wrong[r] += rrtest::message(" from ", p, " i=", i); break; }
+        });
+        const std::string where = rrtest::message("n=", n, " slot=", slot, " scale=", scale);
+        expect_all_ok(res, where);
+        for (int r = 0; r < n; ++r) RR_EXPECT(wrong[r].empty(), where, " rank ", r, ":", wrong[r]);
+      }
+    }
+  }
+}
+
+RR_TEST(alltoall_with_disagreeing_splits_fails_on_both_sides) {
+  auto res = run_group(2, config(4096, 2), [&](int r, Ring& ring, ShmTransport&) {
+    std::vector<int32_t> a(100), b(120);  // b: two chunks of 60, the larger count
+    // Rank 0 sends 50 to rank 1, which expects 60.
+    std::vector<size_t> sc = {50, 50}, rc = {r == 1 ? size_t(60) : size_t(50), 50};
+    if (r == 1) sc = {50, 50};
+    ring.alltoall(Chunks(a.data(), 200), sc, Chunks(b.data(), 240), rc, DType::Int32,
+                  ctx(3, "alltoall"), Deadline::after(milliseconds(20000)));
+  });
+  RR_EXPECT(!res[1].error.empty() && res[1].error.find("alltoall #3") != std::string::npos, res[1].error);
+  RR_EXPECT(!res[0].error.empty(), "rank 0 did not fail");
+}
+
 RR_TEST(broadcast_from_every_root_and_barrier) {
   for (int n = 1; n <= 4; ++n) {
     for (size_t count : {size_t(0), size_t(1), size_t(777), size_t(70001)}) {
@@ -373,10 +478,44 @@ RR_TEST(segments_are_unlinked_once_every_peer_mapped_them) {
   for (int n = 1; n <= 4; ++n) {
     std::atomic<int> linked{0};
     auto res = run_group(n, config(4096, 2), [&](int, Ring&, ShmTransport& t) {
+      // Ask the file system, not the transport's own bookkeeping.
+      const int fd = shm_open(t.segment_name().c_str(), O_RDONLY, 0);
+      if (fd >= 0) {
+        close(fd);
+        ++linked;
+      } else if (errno != ENOENT) {
+        throw Error("shm_open failed other than with ENOENT");
+      }
       linked += static_cast<int>(t.linked_segments().size());
     });
     expect_all_ok(res, rrtest::message("n=", n));
     RR_EXPECT(linked == 0, "n=", n, ": ", linked.load(), " segments still linked after set-up");
+  }
+}
+
+RR_TEST(a_group_set_up_again_on_the_same_store_uses_fresh_keys) {
+  // Two incarnations of a 3-rank group on one store, one after the other: the second must not
+  // read the first one's token or names.
+  MapBootstrap bs;
+  for (int round = 0; round < 2; ++round) {
+    std::vector<std::string> errors(3);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 3; ++r) {
+      threads.emplace_back([&, r] {
+        try {
+          ShmTransport t(bs, incarnation_prefix(bs, 3), r, 3, config(4096, 2));
+          Ring ring(t, 4096);
+          std::vector<int32_t> x(100, r + 1);
+          ring.allreduce(x.data(), x.data(), x.size(), DType::Int32, RedOp::Sum, 1, ctx(0),
+                         Deadline::after(milliseconds(20000)));
+          if (x[0] != 6 || x[99] != 6) throw Error("wrong sum");
+        } catch (const std::exception& e) {
+          errors[r] = e.what();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < 3; ++r) RR_EXPECT(errors[r].empty(), "round ", round, " rank ", r, ": ", errors[r]);
   }
 }
 
