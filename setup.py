@@ -56,6 +56,10 @@ def cuda_build_reason():
     return True, f"torch {torch.__version__} has CUDA {torch.version.cuda}"
 
 
+# The torch this build is for, readable without loading the extension (see load_extension()).
+with open(os.path.join(ROOT, "ringreduce", "_build_info.py"), "w") as f:
+    f.write(f'"""Written by setup.py."""\n\nTORCH_VERSION = {torch.__version__!r}\n')
+
 with_cuda, reason = cuda_build_reason()
 print(f"ringreduce: {'building' if with_cuda else 'not building'} the CUDA sources: {reason}")
 

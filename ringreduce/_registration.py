@@ -33,16 +33,22 @@ def load_extension():
         return _extension
     import torch
 
+    # Checked before the extension is loaded: one built for another torch may load and then
+    # misbehave, since torch's C++ ABI differs between releases. setup.py writes _build_info.
+    try:
+        from ringreduce import _build_info
+    except ImportError as e:
+        raise ImportError(f"ringreduce: the extension has not been built ({e}); {_HOW_TO_BUILD}") from e
+    if _build_info.TORCH_VERSION != torch.__version__:
+        raise ImportError(
+            f"ringreduce: ringreduce._C was built against torch {_build_info.TORCH_VERSION} but "
+            f"torch {torch.__version__} is running, and torch's C++ ABI differs between releases; "
+            f"{_HOW_TO_BUILD}")
     try:
         from ringreduce import _C
     except ImportError as e:
         raise ImportError(f"ringreduce: the compiled extension ringreduce._C cannot be loaded ({e}); "
                           f"{_HOW_TO_BUILD}") from e
-    if _C.torch_version != torch.__version__:
-        raise ImportError(
-            f"ringreduce: ringreduce._C was built against torch {_C.torch_version} but torch "
-            f"{torch.__version__} is running, and torch's C++ ABI differs between releases; "
-            f"{_HOW_TO_BUILD}")
     _extension = _C
     return _C
 

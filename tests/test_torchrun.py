@@ -128,6 +128,12 @@ def test_import_torch_survives_a_broken_extension(installed, tmp_path):
     assert len(warnings) == 1, p.stderr
     assert "ringreduce._C cannot be loaded" in p.stderr and "RINGREDUCE_AUTOLOAD=0" in p.stderr, p.stderr
 
+    # With warnings turned into errors the hook must still not break torch: it writes instead.
+    p = subprocess.run([sys.executable, "-W", "error", "-c", code], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "torch works" in p.stdout, p.stderr[-4000:]
+    assert "ringreduce._C cannot be loaded" in p.stderr, p.stderr
+
     env["RINGREDUCE_AUTOLOAD"] = "0"
     p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
                        text=True, timeout=120)
