@@ -4,7 +4,8 @@
 #   make test     set up .venv, build, run the C++ core tests (plain and ASan/UBSan) and pytest
 #
 # A second run reuses .venv and rebuilds only what changed. Variables:
-#   TORCH_VERSION=2.13.0   the torch installed into .venv (pip takes the local CPU build of 2.13.0)
+#   TORCH_VERSION=2.13.0   the torch installed into .venv (the development machines have a CPU
+#                          build of 2.13.0 on disk, which pip takes; elsewhere pip takes PyPI's)
 #   PYTHON=python3         the interpreter that creates .venv
 #   MAX_JOBS=2             parallel compile jobs
 #   BENCH_ARGS=...         extra arguments for `python -m ringreduce.bench`
@@ -20,7 +21,6 @@ PY := $(VENV)/bin/python
 DEPS_STAMP := $(VENV)/.deps-torch-$(TORCH_VERSION)
 BUILD_STAMP := $(VENV)/.built
 SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.h' -o -name '*.cu') setup.py pyproject.toml
-CMAKE_FLAGS := -G Ninja -DCMAKE_BUILD_TYPE=Release
 
 .PHONY: setup build test test-cpp test-py bench clean
 
@@ -43,13 +43,14 @@ $(BUILD_STAMP): $(DEPS_STAMP) $(SOURCES)
 
 test: test-cpp test-py
 
-# The torch-free core on its own, then again under AddressSanitizer + UndefinedBehaviorSanitizer.
-test-cpp:
-	cmake -S . -B build/core $(CMAKE_FLAGS)
-	cmake --build build/core -j $(MAX_JOBS)
+# The torch-free core on its own, then again under AddressSanitizer + UndefinedBehaviorSanitizer
+# (a Debug build: CMakeLists.txt picks it for sanitizers). ninja comes from .venv.
+test-cpp: $(DEPS_STAMP)
+	PATH="$(abspath $(VENV))/bin:$$PATH" cmake -S . -B build/core -G Ninja -DCMAKE_BUILD_TYPE=Release
+	PATH="$(abspath $(VENV))/bin:$$PATH" cmake --build build/core -j $(MAX_JOBS)
 	ctest --test-dir build/core --output-on-failure
-	cmake -S . -B build/asan $(CMAKE_FLAGS) -DRINGREDUCE_SANITIZE=address,undefined
-	cmake --build build/asan -j $(MAX_JOBS)
+	PATH="$(abspath $(VENV))/bin:$$PATH" cmake -S . -B build/asan -G Ninja -DRINGREDUCE_SANITIZE=address,undefined
+	PATH="$(abspath $(VENV))/bin:$$PATH" cmake --build build/asan -j $(MAX_JOBS)
 	ctest --test-dir build/asan --output-on-failure
 
 test-py: $(BUILD_STAMP)
