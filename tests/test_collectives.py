@@ -198,3 +198,85 @@ def test_bad_sizes_fail_at_the_call(ranks, backend):
         for m in msgs:
             # ringreduce's own messages, or torch's where its Python layer checks first (dtypes).
             assert m is not None and ("ringreduce" in m or "dtype" in m.lower()), msgs
+
+
+def _rank_coalesced(ctx):
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _get_default_group
+
+    n, r = ctx.world_size, ctx.rank
+    failures = []
+    backend = _get_default_group()._get_backend(torch.device("cpu"))
+    sizes = [0, 1, 1009, 4099]
+    xs = [[torch.randint(-99, 99, (k,), generator=ctx.gen("co", k, rank=q)).float() for k in sizes]
+          for q in range(n)]
+
+    ts = [x.clone() for x in xs[r]]
+    backend.allreduce_coalesced(ts).wait()
+    for k, t in zip(sizes, ts):
+        if not torch.equal(t, sum(x[sizes.index(k)] for x in xs)):
+            failures.append(f"allreduce_coalesced: size {k} wrong")
+
+    # What torch's functional collectives (DTensor.full_tensor) call.
+    outs = [torch.empty(k * n) for k in sizes]
+    with dist._coalescing_manager(async_ops=True) as cm:
+        for o, x in zip(outs, xs[r]):
+            dist.all_gather_into_tensor(o, x)
+    cm.wait()
+    for k, o in zip(sizes, outs):
+        if not torch.equal(o, torch.cat([x[sizes.index(k)] for x in xs])):
+            failures.append(f"all_gather_into_tensor coalesced: size {k} wrong")
+
+    outs = [torch.empty(k) for k in sizes]
+    ins = [torch.cat([x[i] for _ in range(n)]) * (r + 1) for i, x in enumerate([xs[r]] * len(sizes))]
+    with dist._coalescing_manager(async_ops=True) as cm:  # reduce_scatter_tensor_coalesced
+        for o, x in zip(outs, ins):
+            dist.reduce_scatter_tensor(o, x)
+    cm.wait()
+    for i, (k, o) in enumerate(zip(sizes, outs)):
+        want = sum(xs[q][i] * (q + 1) for q in range(n))
+        if not torch.equal(o, want):
+            failures.append(f"reduce_scatter_tensor_coalesced: size {k} wrong")
+
+    lists = [[torch.empty(k) for _ in range(n)] for k in sizes]
+    backend.allgather_coalesced(lists, [x.clone() for x in xs[r]]).wait()
+    for i, (k, lst) in enumerate(zip(sizes, lists)):
+        if not all(torch.equal(lst[q], xs[q][i]) for q in range(n)):
+            failures.append(f"allgather_coalesced: size {k} wrong")
+    return failures, {}
+
+
+def test_coalesced_forms(ranks, backend):
+    if backend != "ringreduce":
+        pytest.skip("gloo has no reduce_scatter_tensor_coalesced")
+    for world in (1, 2, 3):
+        harness.check_results(ranks(world).run(_rank_coalesced, timeout=120))
+
+
+def _rank_op_from_callback(ctx, size):
+    import torch
+    import torch.distributed as dist
+
+    # Future callbacks run on the group's progress thread; one that issues an op of the same group
+    # and waits for it (as PowerSGD's hook does) must not wait for its own thread.
+    t = torch.ones(size)
+    t2 = torch.full((size,), 2.0)
+    fut = dist.all_reduce(t, async_op=True).get_future()
+    got = fut.then(lambda f: dist.all_reduce(t2, async_op=True).get_future().wait()[0]).wait()
+    n = ctx.world_size
+    ok = torch.equal(t, torch.full((size,), float(n))) and torch.equal(got, torch.full((size,), 2.0 * n))
+    # The same with a synchronous op inside the callback, and a Work waited for in it.
+    t3 = torch.ones(size)
+    fut = dist.all_reduce(torch.ones(size), async_op=True).get_future()
+    fut.then(lambda f: dist.all_reduce(t3)).wait()
+    t4 = torch.ones(size)
+    fut = dist.all_reduce(torch.ones(size), async_op=True).get_future()
+    fut.then(lambda f: dist.all_reduce(t4, async_op=True).wait()).wait()
+    ok = ok and torch.equal(t3, torch.full((size,), float(n))) and torch.equal(t4, torch.full((size,), float(n)))
+    return ([] if ok else [f"op from a future callback, size {size}: wrong result"]), {}
+
+
+@pytest.mark.parametrize("size", [4, 1 << 20])
+def test_op_issued_and_waited_for_in_a_future_callback(ranks, size):
+    harness.check_results(ranks(2).run(_rank_op_from_callback, size, timeout=60))

@@ -34,6 +34,22 @@ void OpQueue::run_claimed(const c10::intrusive_ptr<RingWork>& work,
   run_and_complete(work, body);
 }
 
+void OpQueue::run_queued_here_until(const RingWork& work) {
+  while (!const_cast<RingWork&>(work).isCompleted()) {
+    Task task;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      // Another thread may be running a claimed (inline) op: ops never overlap.
+      cv_.wait(lock, [this] { return !running_; });
+      if (tasks_.empty()) return;  // `work` is being completed by the thread that ran it
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+      running_ = true;
+    }
+    run_and_complete(task.work, task.body);
+  }
+}
+
 void OpQueue::run_and_complete(const c10::intrusive_ptr<RingWork>& work,
                                const std::function<void()>& body) {
   std::exception_ptr error;

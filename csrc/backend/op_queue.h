@@ -33,7 +33,12 @@ class OpQueue {
   bool try_claim();
   void run_claimed(const c10::intrusive_ptr<RingWork>& work, const std::function<void()>& body);
 
-  // The progress thread's id: a Work waited for on this thread could never complete.
+  // Future callbacks run on the progress thread. One that issues an op on this group and waits
+  // for it (PowerSGD's hook does) would wait for an op queued behind itself. So on the progress
+  // thread an op is not left to the queue: this runs the queued ops here, in issue order, until
+  // `work` has completed (or nothing is left that this thread could run).
+  void run_queued_here_until(const RingWork& work);
+  bool on_progress_thread() const { return std::this_thread::get_id() == thread_.get_id(); }
   std::thread::id thread_id() const { return thread_.get_id(); }
 
   // Stops taking ops, lets the queued ones run (each keeps its own deadline) and joins the thread.

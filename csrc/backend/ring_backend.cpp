@@ -97,8 +97,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const cha
   std::unique_lock<std::mutex> lock(mu_);
   const uint64_t seq = next_seq_++;
   const std::chrono::milliseconds t = timeout == c10d::kUnsetTimeout ? timeout_ : timeout;
-  auto work = c10::make_intrusive<RingWork>(rank_, type, name, seq, std::move(outputs),
-                                            queue_.thread_id());
+  auto work = c10::make_intrusive<RingWork>(rank_, type, name, seq, std::move(outputs), &queue_);
   std::function<void()> task = [body = std::move(body), name, seq, t] {
     OpContext ctx;
     ctx.name = name;
@@ -119,6 +118,12 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const cha
   } catch (...) {
     --next_seq_;  // never issued: later ops keep the numbers the other ranks give them
     throw;
+  }
+  if (queue_.on_progress_thread()) {
+    // Issued by a future callback: run it (after the ops queued before it) before returning, or
+    // a callback that waits for its future would wait for its own thread.
+    lock.unlock();
+    queue_.run_queued_here_until(*work);
   }
   return work;
 }
@@ -238,10 +243,16 @@ void check_list(const std::vector<at::Tensor>& list, const at::Tensor& like, int
 
 c10::intrusive_ptr<c10d::Work> RingBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                       const c10d::AllreduceOptions& opts) {
+  at::Tensor t = single_cpu_tensor(tensors, "allreduce", rank_);
+  return enqueue(c10d::OpType::ALLREDUCE, "allreduce", {t}, opts.timeout, opts.asyncOp,
+                 allreduce_body(t, opts.reduceOp));
+}
+
+RingBackend::Body RingBackend::allreduce_body(const at::Tensor& t, const c10d::ReduceOp& rop) {
   const char* name = "allreduce";
-  at::Tensor t = single_cpu_tensor(tensors, name, rank_);
+  single_cpu_tensor({t}, name, rank_);
   const DType d = checked_dtype(t, name, rank_);
-  const Reduction red = checked_reduction(opts.reduceOp, d, name, rank_, size_);
+  const Reduction red = checked_reduction(rop, d, name, rank_, size_);
 
   at::NoGradGuard no_grad;
   // The ring works on contiguous memory. For a strided tensor it works on a private copy (owned
@@ -250,22 +261,27 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allreduce(std::vector<at::Tensor>& t
   at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
   // PREMUL_SUM scales this rank's contribution before the sum, into a tensor owned by the op.
   at::Tensor in = red.premul ? buf.mul(*red.premul) : buf;
-  return enqueue(c10d::OpType::ALLREDUCE, name, {t}, opts.timeout, opts.asyncOp,
-                 [this, t, buf, in, d, red](const OpContext& ctx, const Deadline& dl) {
-                   ring_->allreduce(in.data_ptr(), buf.data_ptr(), static_cast<size_t>(buf.numel()),
-                                    d, red.op, red.divisor, ctx, dl);
-                   if (!buf.is_same(t)) t.copy_(buf);
-                 });
+  return [this, t, buf, in, d, red](const OpContext& ctx, const Deadline& dl) {
+    ring_->allreduce(in.data_ptr(), buf.data_ptr(), static_cast<size_t>(buf.numel()), d, red.op,
+                     red.divisor, ctx, dl);
+    if (!buf.is_same(t)) t.copy_(buf);
+  };
 }
 
 c10::intrusive_ptr<c10d::Work> RingBackend::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter", {output}, opts.timeout,
+                 opts.asyncOp, reduce_scatter_body(output, input, opts.reduceOp));
+}
+
+RingBackend::Body RingBackend::reduce_scatter_body(const at::Tensor& output, const at::Tensor& input,
+                                                   const c10d::ReduceOp& rop) {
   const char* name = "reduce_scatter";
   single_cpu_tensor({output}, name, rank_);
   single_cpu_tensor({input}, name, rank_);
   check_same_dtype(output, input, name, rank_, "the output");
   const DType d = checked_dtype(input, name, rank_);
-  const Reduction red = checked_reduction(opts.reduceOp, d, name, rank_, size_);
+  const Reduction red = checked_reduction(rop, d, name, rank_, size_);
   if (input.numel() != output.numel() * size_) {
     fail(detail::cat("ringreduce reduce_scatter: rank ", rank_, ": the input has ", input.numel(),
                      " elements, expected world size (", size_, ") x the output's ", output.numel()));
@@ -275,12 +291,11 @@ c10::intrusive_ptr<c10d::Work> RingBackend::_reduce_scatter_base(
   if (red.premul) in = in.mul(*red.premul);  // this rank's contribution, scaled, owned by the op
   at::Tensor out = writable(output, in);
   const size_t count = static_cast<size_t>(output.numel());
-  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, name, {output}, opts.timeout, opts.asyncOp,
-                 [this, output, in, out, d, red, count](const OpContext& ctx, const Deadline& dl) {
-                   ring_->reduce_scatter(Chunks(in.data_ptr(), count * in.element_size()),
-                                         out.data_ptr(), count, d, red.op, red.divisor, ctx, dl);
-                   if (!out.is_same(output)) output.copy_(out);
-                 });
+  return [this, output, in, out, d, red, count](const OpContext& ctx, const Deadline& dl) {
+    ring_->reduce_scatter(Chunks(in.data_ptr(), count * in.element_size()), out.data_ptr(), count,
+                          d, red.op, red.divisor, ctx, dl);
+    if (!out.is_same(output)) output.copy_(out);
+  };
 }
 
 c10::intrusive_ptr<c10d::Work> RingBackend::reduce_scatter(
@@ -318,6 +333,11 @@ c10::intrusive_ptr<c10d::Work> RingBackend::reduce_scatter(
 
 c10::intrusive_ptr<c10d::Work> RingBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                             const c10d::AllgatherOptions& opts) {
+  return enqueue(c10d::OpType::_ALLGATHER_BASE, "allgather", {output}, opts.timeout, opts.asyncOp,
+                 allgather_body(output, input));
+}
+
+RingBackend::Body RingBackend::allgather_body(const at::Tensor& output, const at::Tensor& input) {
   const char* name = "allgather";
   single_cpu_tensor({output}, name, rank_);
   single_cpu_tensor({input}, name, rank_);
@@ -341,44 +361,109 @@ c10::intrusive_ptr<c10d::Work> RingBackend::_allgather_base(at::Tensor& output, 
     const auto* mine = static_cast<const uint8_t*>(output.data_ptr()) + rank_ * in.nbytes();
     if (mine != in.data_ptr()) out = at::empty(output.sizes(), output.options());
   }
-  return enqueue(c10d::OpType::_ALLGATHER_BASE, name, {output}, opts.timeout, opts.asyncOp,
-                 [this, output, in, out, d, count](const OpContext& ctx, const Deadline& dl) {
-                   ring_->all_gather(in.data_ptr(), Chunks(out.data_ptr(), in.nbytes()), count, d,
-                                     ctx, dl);
-                   if (!out.is_same(output)) output.copy_(out);
-                 });
+  return [this, output, in, out, d, count](const OpContext& ctx, const Deadline& dl) {
+    ring_->all_gather(in.data_ptr(), Chunks(out.data_ptr(), in.nbytes()), count, d, ctx, dl);
+    if (!out.is_same(output)) output.copy_(out);
+  };
 }
 
 c10::intrusive_ptr<c10d::Work> RingBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                       std::vector<at::Tensor>& inputs,
                                                       const c10d::AllgatherOptions& opts) {
-  const char* name = "allgather";
-  at::Tensor input = single_cpu_tensor(inputs, name, rank_);
+  at::Tensor input = single_cpu_tensor(inputs, "allgather", rank_);
   if (outputs.size() != 1) {
     fail(detail::cat("ringreduce allgather: rank ", rank_, ": expected one output list, got ",
                      outputs.size()));
   }
-  check_list(outputs[0], input, size_, name, rank_, "output");
+  return enqueue(c10d::OpType::ALLGATHER, "allgather", outputs[0], opts.timeout, opts.asyncOp,
+                 allgather_list_body(outputs[0], input));
+}
+
+RingBackend::Body RingBackend::allgather_list_body(const std::vector<at::Tensor>& outputs,
+                                                   const at::Tensor& input) {
+  const char* name = "allgather";
+  check_list(outputs, input, size_, name, rank_, "output");
   const auto known = core_dtype(input.scalar_type());
   const DType d = known.value_or(DType::UInt8);
   const size_t count = known ? static_cast<size_t>(input.numel()) : input.numel() * input.element_size();
   at::NoGradGuard no_grad;
   at::Tensor in = input.contiguous();
-  std::vector<at::Tensor> user = outputs[0];
+  std::vector<at::Tensor> user = outputs;
   std::vector<at::Tensor> out;  // the caller's tensors where the ring can write them directly
   for (const at::Tensor& t : user) {
     const bool direct = t.is_contiguous() && at::get_overlap_status(t, in) == at::MemOverlapStatus::No;
     out.push_back(direct ? t : at::empty(t.sizes(), t.options()));
   }
-  return enqueue(c10d::OpType::ALLGATHER, name, user, opts.timeout, opts.asyncOp,
-                 [this, user, in, out, d, count](const OpContext& ctx, const Deadline& dl) {
-                   std::vector<void*> ptrs;
-                   for (const at::Tensor& t : out) ptrs.push_back(t.data_ptr());
-                   ring_->all_gather(in.data_ptr(), Chunks(&ptrs), count, d, ctx, dl);
-                   for (size_t i = 0; i < out.size(); ++i) {
-                     if (!out[i].is_same(user[i])) user[i].copy_(out[i]);
-                   }
-                 });
+  return [this, user, in, out, d, count](const OpContext& ctx, const Deadline& dl) {
+    std::vector<void*> ptrs;
+    for (const at::Tensor& t : out) ptrs.push_back(t.data_ptr());
+    ring_->all_gather(in.data_ptr(), Chunks(&ptrs), count, d, ctx, dl);
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (!out[i].is_same(user[i])) user[i].copy_(out[i]);
+    }
+  };
+}
+
+namespace {
+
+// The coalesced forms: one Work whose op runs the parts in order, each checked at the call.
+RingBackend::Body in_order(std::vector<RingBackend::Body> parts) {
+  return [parts = std::move(parts)](const OpContext& ctx, const Deadline& dl) {
+    for (const auto& part : parts) part(ctx, dl);
+  };
+}
+
+void check_pairs(size_t outputs, size_t inputs, const char* op, int rank) {
+  if (outputs != inputs) {
+    fail(detail::cat("ringreduce ", op, ": rank ", rank, ": ", outputs, " outputs for ", inputs,
+                     " inputs"));
+  }
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> RingBackend::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  std::vector<Body> parts;
+  for (const at::Tensor& t : tensors) parts.push_back(allreduce_body(t, opts.reduceOp));
+  return enqueue(c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", tensors, opts.timeout,
+                 opts.asyncOp, in_order(std::move(parts)));
+}
+
+c10::intrusive_ptr<c10d::Work> RingBackend::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  check_pairs(outputs.size(), inputs.size(), "allgather_into_tensor_coalesced", rank_);
+  std::vector<Body> parts;
+  for (size_t i = 0; i < outputs.size(); ++i) parts.push_back(allgather_body(outputs[i], inputs[i]));
+  return enqueue(c10d::OpType::COALESCED, "allgather_into_tensor_coalesced", outputs, opts.timeout,
+                 opts.asyncOp, in_order(std::move(parts)));
+}
+
+c10::intrusive_ptr<c10d::Work> RingBackend::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  check_pairs(outputs.size(), inputs.size(), "reduce_scatter_tensor_coalesced", rank_);
+  std::vector<Body> parts;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    parts.push_back(reduce_scatter_body(outputs[i], inputs[i], opts.reduceOp));
+  }
+  return enqueue(c10d::OpType::COALESCED, "reduce_scatter_tensor_coalesced", outputs, opts.timeout,
+                 opts.asyncOp, in_order(std::move(parts)));
+}
+
+c10::intrusive_ptr<c10d::Work> RingBackend::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& output_lists, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  check_pairs(output_lists.size(), inputs.size(), "allgather_coalesced", rank_);
+  std::vector<Body> parts;
+  std::vector<at::Tensor> outputs;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    parts.push_back(allgather_list_body(output_lists[i], inputs[i]));
+    outputs.insert(outputs.end(), output_lists[i].begin(), output_lists[i].end());
+  }
+  return enqueue(c10d::OpType::ALLGATHER_COALESCED, "allgather_coalesced", outputs, opts.timeout,
+                 opts.asyncOp, in_order(std::move(parts)));
 }
 
 c10::intrusive_ptr<c10d::Work> RingBackend::broadcast(std::vector<at::Tensor>& tensors,

@@ -54,6 +54,19 @@ class RingBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
                                                  const c10d::AllgatherOptions& opts) override;
 
+  // Coalesced forms: one Work for several tensors, run in order as one op.
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& output_lists, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+
   void setTimeout(std::chrono::milliseconds timeout) override;
   uint64_t getSequenceNumberForGroup() override;
   void setSequenceNumberForGroup() override {}  // starts at 0 on every rank already
@@ -67,8 +80,17 @@ class RingBackend final : public c10d::Backend {
   // Segments this group created and still has linked in /dev/shm (empty once set up).
   std::vector<std::string> linked_segments() const;
 
- private:
+ public:
+  // What an op does once its turn comes: validated and prepared at the call, run by the queue.
   using Body = std::function<void(const OpContext&, const Deadline&)>;
+
+ private:
+  Body allreduce_body(const at::Tensor& t, const c10d::ReduceOp& rop);
+  Body reduce_scatter_body(const at::Tensor& output, const at::Tensor& input,
+                           const c10d::ReduceOp& rop);
+  Body allgather_body(const at::Tensor& output, const at::Tensor& input);
+  Body allgather_list_body(const std::vector<at::Tensor>& outputs, const at::Tensor& input);
+
   // Gives the op its sequence number and queues it; a synchronous op (async_op false) runs on the
   // calling thread instead when the queue is idle.
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* name,

@@ -3,30 +3,30 @@
 #include <ATen/core/jit_type.h>
 #include <c10/util/Exception.h>
 
+#include "backend/op_queue.h"
 #include "common/error.h"
 
 namespace ringreduce {
 
 RingWork::RingWork(int rank, c10d::OpType type, const char* op_name, uint64_t seq,
-                   std::vector<at::Tensor> outputs, std::thread::id progress_thread)
+                   std::vector<at::Tensor> outputs, OpQueue* queue)
     : c10d::Work(rank, type),
       op_name_(op_name),
       seq_(seq),
       rank_(rank),
       outputs_(std::move(outputs)),
-      progress_thread_(progress_thread),
+      queue_(queue),
+      progress_thread_(queue->thread_id()),
       future_(c10::make_intrusive<c10::ivalue::Future>(
           c10::ListType::create(c10::TensorType::get()))) {}
 
 bool RingWork::wait(std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  if (!completed_ && std::this_thread::get_id() == progress_thread_) {
-    // A future callback (they run on the progress thread) waiting for an op queued behind it.
-    C10_THROW_ERROR(DistBackendError,
-                    detail::cat("ringreduce ", op_name_, " #", seq_, ": rank ", rank_,
-                                ": waited for on the group's progress thread, which runs it: "
-                                "a future callback must not wait for a queued op of its group"));
+  if (std::this_thread::get_id() == progress_thread_) {
+    // A future callback waiting for an op of its group: run the queue here rather than wait for
+    // the thread we are on.
+    queue_->run_queued_here_until(*this);
   }
+  std::unique_lock<std::mutex> lock(mutex_);
   if (timeout == kNoTimeout) {
     cv_.wait(lock, [this] { return completed_; });
   } else if (!cv_.wait_for(lock, timeout, [this] { return completed_; })) {

@@ -15,11 +15,14 @@
 
 namespace ringreduce {
 
+class OpQueue;
+
 class RingWork final : public c10d::Work {
  public:
-  // `progress_thread`: the thread that completes queued ops; waiting on it would never end.
+  // `queue`: the group's op queue, whose progress thread completes queued ops; a wait on that
+  // thread runs them itself (see OpQueue::run_queued_here_until).
   RingWork(int rank, c10d::OpType type, const char* op_name, uint64_t seq,
-           std::vector<at::Tensor> outputs, std::thread::id progress_thread);
+           std::vector<at::Tensor> outputs, OpQueue* queue);
 
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
@@ -37,6 +40,7 @@ class RingWork final : public c10d::Work {
   uint64_t seq_;
   int rank_;
   std::vector<at::Tensor> outputs_;
+  OpQueue* queue_;                   // only used on its progress thread, which outlives no queue
   std::thread::id progress_thread_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
