@@ -280,3 +280,89 @@ def _rank_op_from_callback(ctx, size):
 @pytest.mark.parametrize("size", [4, 1 << 20])
 def test_op_issued_and_waited_for_in_a_future_callback(ranks, size):
     harness.check_results(ranks(2).run(_rank_op_from_callback, size, timeout=60))
+
+
+def _rank_rooted_and_alltoall(ctx, dtype_names, counts):
+    import torch
+    import torch.distributed as dist
+
+    n, r = ctx.world_size, ctx.rank
+    failures, digests = [], {}
+    for dtype_name in dtype_names:
+        for count in counts:
+            xs = [harness.make_input(ctx.gen("x", dtype_name, count, rank=q), dtype_name, count, "SUM", n)
+                  for q in range(n)]
+            for root in range(n):
+                case = f"world={n} {dtype_name} count={count} root={root}"
+                if dtype_name != "bool":  # gloo's bool SUM is not 0/1; reduce is checked by allreduce
+                    t = xs[r].clone()
+                    dist.reduce(t, dst=root)
+                    g = xs[r].clone()
+                    dist.reduce(g, dst=root, group=ctx.gloo)
+                    want = harness.reference(xs, dtype_name, "SUM")
+                    scale = None if harness.exact_kind(dtype_name, "SUM") else harness.float_scale(xs, dtype_name, "SUM")
+                    if r == root:
+                        msg = harness.compare(t, want, dtype_name, "SUM", scale)
+                        if msg:
+                            failures.append(f"reduce {case}: {msg}")
+                        msg = harness.compare(t, g, dtype_name, "SUM", scale, slack=2.0)
+                        if msg:
+                            failures.append(f"reduce {case} vs gloo: {msg}")
+                    elif not torch.equal(t, xs[r]):
+                        failures.append(f"reduce {case}: a non-root's tensor changed")
+                got = [torch.empty_like(xs[r]) for _ in range(n)] if r == root else None
+                dist.gather(xs[r].clone(), got, dst=root)
+                if r == root and not all(torch.equal(got[q], xs[q]) for q in range(n)):
+                    failures.append(f"gather {case}: wrong")
+                out = torch.empty_like(xs[r])
+                src = [xs[q].clone() for q in range(n)] if r == root else None
+                dist.scatter(out, src, src=root)
+                # The root's list holds every rank's input, so rank r must get back xs[r].
+                if not torch.equal(out, xs[r]):
+                    failures.append(f"scatter {case}: rank {r} did not get its part")
+            # alltoall with uneven splits along dim 0: rank r sends (r + 2p) % 3 rows to rank p.
+            rows = lambda a, b: (a + 2 * b) % 3 + (count % 2)  # noqa: E731
+            send = [rows(r, p) for p in range(n)]
+            recv = [rows(p, r) for p in range(n)]
+            parts = [harness.make_input(ctx.gen("a2a", dtype_name, r, p), dtype_name, k, "SUM", n)
+                     for p, k in enumerate(send)]
+            inp = torch.cat(parts)
+            out = torch.empty(sum(recv), dtype=inp.dtype)
+            dist.all_to_all_single(out, inp, recv, send)
+            want = torch.cat([harness.make_input(ctx.gen("a2a", dtype_name, p, r), dtype_name, k, "SUM", n)
+                              for p, k in enumerate(recv)])
+            if not torch.equal(out, want):
+                failures.append(f"all_to_all_single uneven world={n} {dtype_name}: wrong")
+            outs = [torch.empty(k, dtype=inp.dtype) for k in recv]
+            dist.all_to_all(outs, [p.clone() for p in parts])
+            if not torch.equal(torch.cat(outs), want):
+                failures.append(f"all_to_all list world={n} {dtype_name}: wrong")
+    return failures, digests
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_reduce_gather_scatter_alltoall(ranks, world):
+    harness.check_results(ranks(world).run(_rank_rooted_and_alltoall,
+                                           ["float32", "float64", "int64", "bfloat16", "uint8", "bool"],
+                                           [0, 1, 1009, 70001], timeout=300))
+
+
+def _rank_object_collectives(ctx):
+    import torch.distributed as dist
+
+    n, r = ctx.world_size, ctx.rank
+    failures = []
+    for root in range(n):
+        got = [None] * n if r == root else None
+        dist.gather_object({"from": r, "pad": "x" * (r * 1000)}, got, dst=root)
+        if r == root and got != [{"from": q, "pad": "x" * (q * 1000)} for q in range(n)]:
+            failures.append(f"gather_object root {root}: {got!r:.200}")
+        out = [None]
+        dist.scatter_object_list(out, [[q, root] for q in range(n)] if r == root else None, src=root)
+        if out != [[r, root]]:
+            failures.append(f"scatter_object_list root {root}: {out!r}")
+    return failures, {}
+
+
+def test_gather_and_scatter_objects(ranks):
+    harness.check_results(ranks(3).run(_rank_object_collectives, timeout=60))

@@ -4,7 +4,9 @@
 #include <ATen/MemoryOverlap.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <optional>
+#include <utility>
 
 #include "backend/store_bootstrap.h"
 #include "common/error.h"
@@ -402,6 +404,224 @@ RingBackend::Body RingBackend::allgather_list_body(const std::vector<at::Tensor>
       if (!out[i].is_same(user[i])) user[i].copy_(out[i]);
     }
   };
+}
+
+int RingBackend::checked_root(int64_t root, const char* op) const {
+  if (root < 0 || root >= size_) {
+    fail(detail::cat("ringreduce ", op, ": rank ", rank_, ": root ", root,
+                     " is not a rank of this group (size ", size_, ")"));
+  }
+  return static_cast<int>(root);
+}
+
+namespace {
+
+// Ops that only move bytes take any dtype: types the kernels do not know travel as bytes.
+std::pair<DType, size_t> as_moved(const at::Tensor& t) {
+  const auto known = core_dtype(t.scalar_type());
+  if (known) return {*known, static_cast<size_t>(t.numel())};
+  return {DType::UInt8, static_cast<size_t>(t.numel()) * t.element_size()};
+}
+
+// The caller's tensors, or private contiguous buffers (owned by the op, copied back on success)
+// where a caller's tensor is strided.
+std::vector<at::Tensor> writable_list(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& t : ts) out.push_back(t.is_contiguous() ? t : at::empty(t.sizes(), t.options()));
+  return out;
+}
+
+void copy_back(const std::vector<at::Tensor>& bufs, const std::vector<at::Tensor>& user) {
+  for (size_t i = 0; i < bufs.size(); ++i) {
+    if (!bufs[i].is_same(user[i])) user[i].copy_(bufs[i]);
+  }
+}
+
+std::vector<void*> pointers(const std::vector<at::Tensor>& ts) {
+  std::vector<void*> p;
+  for (const at::Tensor& t : ts) p.push_back(t.data_ptr());
+  return p;
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> RingBackend::reduce(std::vector<at::Tensor>& tensors,
+                                                   const c10d::ReduceOptions& opts) {
+  const char* name = "reduce";
+  at::Tensor t = single_cpu_tensor(tensors, name, rank_);
+  const int root = checked_root(opts.rootRank, name);
+  const DType d = checked_dtype(t, name, rank_);
+  const Reduction red = checked_reduction(opts.reduceOp, d, name, rank_, size_);
+  at::NoGradGuard no_grad;
+  at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
+  at::Tensor in = red.premul ? buf.mul(*red.premul) : buf;
+  // Only the root's tensor is written; the others keep their values, as with torch's backends.
+  return enqueue(c10d::OpType::REDUCE, name, {t}, opts.timeout, opts.asyncOp,
+                 [this, t, buf, in, d, red, root](const OpContext& ctx, const Deadline& dl) {
+                   ring_->reduce(in.data_ptr(), buf.data_ptr(), static_cast<size_t>(buf.numel()), d,
+                                 red.op, red.divisor, root, ctx, dl);
+                   if (rank_ == root && !buf.is_same(t)) t.copy_(buf);
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> RingBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                   std::vector<at::Tensor>& inputs,
+                                                   const c10d::GatherOptions& opts) {
+  const char* name = "gather";
+  at::Tensor input = single_cpu_tensor(inputs, name, rank_);
+  const int root = checked_root(opts.rootRank, name);
+  std::vector<at::Tensor> user;
+  if (rank_ == root) {
+    if (outputs.size() != 1) {
+      fail(detail::cat("ringreduce gather: rank ", rank_, " (the root): expected one output list, got ",
+                       outputs.size()));
+    }
+    check_list(outputs[0], input, size_, name, rank_, "output");
+    user = outputs[0];
+  } else if (!outputs.empty() && !outputs[0].empty()) {
+    fail(detail::cat("ringreduce gather: rank ", rank_, ": only the root (", root,
+                     ") takes an output list"));
+  }
+  const auto [d, count] = as_moved(input);
+  at::NoGradGuard no_grad;
+  at::Tensor in = input.contiguous();
+  std::vector<at::Tensor> bufs = writable_list(user);
+  return enqueue(c10d::OpType::GATHER, name, user, opts.timeout, opts.asyncOp,
+                 [this, in, user, bufs, d = d, count = count, root](const OpContext& ctx,
+                                                                    const Deadline& dl) {
+                   std::vector<void*> ptrs = pointers(bufs);
+                   ring_->gather(in.data_ptr(), Chunks(&ptrs), count, d, root, ctx, dl);
+                   copy_back(bufs, user);
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> RingBackend::scatter(std::vector<at::Tensor>& outputs,
+                                                    std::vector<std::vector<at::Tensor>>& inputs,
+                                                    const c10d::ScatterOptions& opts) {
+  const char* name = "scatter";
+  at::Tensor output = single_cpu_tensor(outputs, name, rank_);
+  const int root = checked_root(opts.rootRank, name);
+  std::vector<at::Tensor> ins;
+  if (rank_ == root) {
+    if (inputs.size() != 1) {
+      fail(detail::cat("ringreduce scatter: rank ", rank_, " (the root): expected one input list, got ",
+                       inputs.size()));
+    }
+    check_list(inputs[0], output, size_, name, rank_, "input");
+    for (const at::Tensor& t : inputs[0]) ins.push_back(t.contiguous());
+  } else if (!inputs.empty() && !inputs[0].empty()) {
+    fail(detail::cat("ringreduce scatter: rank ", rank_, ": only the root (", root,
+                     ") takes an input list"));
+  }
+  const auto [d, count] = as_moved(output);
+  at::NoGradGuard no_grad;
+  at::Tensor out = output.is_contiguous() ? output : at::empty(output.sizes(), output.options());
+  return enqueue(c10d::OpType::SCATTER, name, {output}, opts.timeout, opts.asyncOp,
+                 [this, ins, output, out, d = d, count = count, root](const OpContext& ctx,
+                                                                      const Deadline& dl) {
+                   std::vector<void*> ptrs = pointers(ins);
+                   ring_->scatter(Chunks(&ptrs), out.data_ptr(), count, d, root, ctx, dl);
+                   if (!out.is_same(output)) output.copy_(out);
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> RingBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                          std::vector<int64_t>& output_split_sizes,
+                                                          std::vector<int64_t>& input_split_sizes,
+                                                          const c10d::AllToAllOptions& opts) {
+  const char* name = "alltoall";
+  single_cpu_tensor({output}, name, rank_);
+  single_cpu_tensor({input}, name, rank_);
+  check_same_dtype(output, input, name, rank_, "the output");
+  // Splits count rows (the first dimension); none means equal parts.
+  auto counts = [&](const at::Tensor& t, const std::vector<int64_t>& splits, const char* what) {
+    const int64_t rows = t.dim() > 0 ? t.size(0) : 1;
+    const int64_t row_elems = rows > 0 ? t.numel() / rows : 0;
+    std::vector<size_t> c(size_);
+    if (splits.empty()) {
+      if (rows % size_ != 0) {
+        fail(detail::cat("ringreduce alltoall: rank ", rank_, ": the ", what, "'s first dimension (",
+                         rows, ") does not divide by the world size (", size_, ")"));
+      }
+      for (auto& x : c) x = static_cast<size_t>(rows / size_ * row_elems);
+      return c;
+    }
+    int64_t total = 0;
+    for (int64_t v : splits) total += v;
+    if (static_cast<int>(splits.size()) != size_ || total != rows ||
+        std::any_of(splits.begin(), splits.end(), [](int64_t v) { return v < 0; })) {
+      fail(detail::cat("ringreduce alltoall: rank ", rank_, ": ", what, " split sizes must be ",
+                       size_, " non-negative numbers adding up to the first dimension (", rows, ")"));
+    }
+    for (int p = 0; p < size_; ++p) c[p] = static_cast<size_t>(splits[p] * row_elems);
+    return c;
+  };
+  std::vector<size_t> send = counts(input, input_split_sizes, "input");
+  std::vector<size_t> recv = counts(output, output_split_sizes, "output");
+  const auto [d, elem_scale] = [&]() -> std::pair<DType, size_t> {
+    const auto known = core_dtype(input.scalar_type());
+    return known ? std::make_pair(*known, size_t(1)) : std::make_pair(DType::UInt8, size_t(input.element_size()));
+  }();
+  for (auto& x : send) x *= elem_scale;
+  for (auto& x : recv) x *= elem_scale;
+  at::NoGradGuard no_grad;
+  at::Tensor in = input.contiguous();
+  at::Tensor out = writable(output, in);
+  return enqueue(c10d::OpType::ALLTOALL_BASE, name, {output}, opts.timeout, opts.asyncOp,
+                 [this, in, output, out, send, recv, d = d](const OpContext& ctx, const Deadline& dl) {
+                   const size_t es = dtype_size(d);
+                   std::vector<void*> ip, op;
+                   auto* ib = static_cast<uint8_t*>(in.data_ptr());
+                   auto* ob = static_cast<uint8_t*>(out.data_ptr());
+                   for (int p = 0; p < size_; ++p) {
+                     ip.push_back(ib);
+                     op.push_back(ob);
+                     ib += send[p] * es;
+                     ob += recv[p] * es;
+                   }
+                   ring_->alltoall(Chunks(&ip), send, Chunks(&op), recv, d, ctx, dl);
+                   if (!out.is_same(output)) output.copy_(out);
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> RingBackend::alltoall(std::vector<at::Tensor>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllToAllOptions& opts) {
+  const char* name = "alltoall";
+  if (static_cast<int>(outputs.size()) != size_ || static_cast<int>(inputs.size()) != size_) {
+    fail(detail::cat("ringreduce alltoall: rank ", rank_, ": expected ", size_,
+                     " input and output tensors, got ", inputs.size(), " and ", outputs.size()));
+  }
+  for (int p = 0; p < size_; ++p) {
+    single_cpu_tensor({outputs[p]}, name, rank_);
+    single_cpu_tensor({inputs[p]}, name, rank_);
+    check_same_dtype(outputs[p], inputs[0], name, rank_, "an output");
+    check_same_dtype(inputs[p], inputs[0], name, rank_, "an input");
+  }
+  const auto known = core_dtype(inputs[0].scalar_type());
+  const DType d = known.value_or(DType::UInt8);
+  const size_t scale = known ? 1 : inputs[0].element_size();
+  std::vector<size_t> send, recv;
+  for (int p = 0; p < size_; ++p) {
+    send.push_back(static_cast<size_t>(inputs[p].numel()) * scale);
+    recv.push_back(static_cast<size_t>(outputs[p].numel()) * scale);
+  }
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> ins;
+  for (const at::Tensor& t : inputs) ins.push_back(t.contiguous());
+  std::vector<at::Tensor> user = outputs;
+  std::vector<at::Tensor> bufs;
+  for (const at::Tensor& t : user) {
+    bool clear = t.is_contiguous();
+    for (const at::Tensor& i : ins) clear = clear && at::get_overlap_status(t, i) == at::MemOverlapStatus::No;
+    bufs.push_back(clear ? t : at::empty(t.sizes(), t.options()));
+  }
+  return enqueue(c10d::OpType::ALLTOALL, name, user, opts.timeout, opts.asyncOp,
+                 [this, ins, user, bufs, send, recv, d](const OpContext& ctx, const Deadline& dl) {
+                   std::vector<void*> ip = pointers(ins), op = pointers(bufs);
+                   ring_->alltoall(Chunks(&ip), send, Chunks(&op), recv, d, ctx, dl);
+                   copy_back(bufs, user);
+                 });
 }
 
 namespace {
