@@ -5,7 +5,6 @@
 #include <torch/python.h>
 
 #include "backend/ring_backend.h"
-#include "reduce/reduce.h"
 
 namespace py = pybind11;
 
@@ -26,18 +25,6 @@ PYBIND11_MODULE(_C, m) {
           "spin_us", [](const ringreduce::RingBackend& b) { return b.config().spin.count(); })
       .def("linked_segments", &ringreduce::RingBackend::linked_segments,
            "Shared-memory segments of this group still linked in /dev/shm (empty once set up).");
-
-  // The copy the ring uses for its outputs (streaming stores): the benchmark measures the
-  // machine's copy bandwidth with it, so the memory floor and the ring pay for the same stores.
-  m.def(
-      "_stream_copy",
-      [](at::Tensor dst, const at::Tensor& src) {
-        TORCH_CHECK(dst.device().is_cpu() && src.device().is_cpu() && dst.is_contiguous() &&
-                        src.is_contiguous() && dst.nbytes() == src.nbytes(),
-                    "_stream_copy: needs two contiguous CPU tensors of the same size in bytes");
-        ringreduce::copy(dst.data_ptr(), src.data_ptr(), src.nbytes(), /*streaming=*/true);
-      },
-      py::arg("dst"), py::arg("src"), py::call_guard<py::gil_scoped_release>());
 
   m.attr("built_with_cuda") = false;
   // The torch this extension was compiled against (setup.py passes it): its C++ ABI is not stable

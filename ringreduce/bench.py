@@ -114,10 +114,10 @@ def ringreduce_allreduce_bytes(nbytes: int, world: int) -> int:
         n-2 all-gather steps: read a slot, write the output and the next slot    3 each
         final step: read the last slot, write the output                         2
     That is 6n-4 chunks per rank, but a link's slots are a few slices that stay in cache while the
-    neighbour reads them (the slice size is chosen so), and outputs of 4 MiB and more are written
-    with streaming stores (no read-for-ownership). What must reach memory is each rank reading its
-    input once and writing its output once: 2 * nbytes per rank, 2n * nbytes in all. One rank, in
-    place, moves nothing.
+    neighbour reads them (the slice size is chosen so). What must reach memory is each rank
+    reading its input once and writing its output once: 2 * nbytes per rank, 2n * nbytes in all,
+    in the units of a plain copy (which also pays a read-for-ownership per written line). One
+    rank, in place, moves nothing.
     """
     return 2 * world * nbytes if world > 1 else 0
 
@@ -189,8 +189,10 @@ def check_all_reduce(count: int, dtype: torch.dtype, redop: str, group, rank: in
 @dataclass(frozen=True)
 class Collective:
     name: str
-    # Runs the collective once on `buf` (a tensor of `count` elements); it must not be checked after.
-    run: Callable[[torch.Tensor, str, object], None]
+    # (buf, redop, group, world) -> a call that runs the collective once. `buf` holds the size being
+    # measured (the whole buffer, as nccl-tests counts it); outputs are allocated here, once, so
+    # that allocation stays out of the timing. Results are not checked.
+    prepare: Callable[[torch.Tensor, str, object, int], Callable[[], None]]
     # Runs it once on known inputs: (count, dtype, redop, group, rank, world) -> wrong elements here.
     check: Callable[[int, torch.dtype, str, object, int, int], int]
     busbw_factor: Callable[[int], float]
@@ -200,22 +202,118 @@ class Collective:
     floor_formula: str
 
 
-def _run_all_reduce(buf: torch.Tensor, redop: str, group) -> None:
-    dist.all_reduce(buf, op=REDOPS[redop], group=group)
+def _prepare_all_reduce(buf, redop, group, world):
+    return lambda: dist.all_reduce(buf, op=REDOPS[redop], group=group)
 
 
+def _prepare_reduce_scatter(buf, redop, group, world):
+    per = buf.numel() // world  # N is the input; each rank keeps N/n
+    out = torch.empty(per, dtype=buf.dtype)
+    inp = buf[: per * world]
+    return lambda: dist.reduce_scatter_tensor(out, inp, op=REDOPS[redop], group=group)
+
+
+def _prepare_all_gather(buf, redop, group, world):
+    per = buf.numel() // world  # N is the output; each rank brings N/n
+    inp = buf[:per].clone()
+    out = buf[: per * world]
+    return lambda: dist.all_gather_into_tensor(out, inp, group=group)
+
+
+def _prepare_broadcast(buf, redop, group, world):
+    return lambda: dist.broadcast(buf, src=0, group=group)
+
+
+def _prepare_reduce(buf, redop, group, world):
+    return lambda: dist.reduce(buf, dst=0, op=REDOPS[redop], group=group)
+
+
+def _prepare_alltoall(buf, redop, group, world):
+    n = buf.numel() // world * world  # N per rank, N/n to each peer
+    inp = buf[:n]
+    out = torch.empty_like(inp)
+    return lambda: dist.all_to_all_single(out, inp, group=group)
+
+
+def _data(dtype, signed, world, rank, idx):
+    """Known values for the ops that only move data: exact in every dtype, different per rank."""
+    return check_input("sum", signed, world, rank, idx).to(dtype)
+
+
+def check_reduce_scatter(count, dtype, redop, group, rank, world):
+    signed = dtype.is_floating_point or dtype.is_signed
+    per = count // world
+    inp = check_input(redop, signed, world, rank, torch.arange(per * world)).to(dtype)
+    out = torch.empty(per, dtype=dtype)
+    dist.reduce_scatter_tensor(out, inp, op=REDOPS[redop], group=group)
+    want = expected_result(redop, signed, world, torch.arange(rank * per, (rank + 1) * per))
+    return _count_wrong(out.to(torch.float64), want, redop, dtype.is_floating_point)
+
+
+def check_reduce(count, dtype, redop, group, rank, world):
+    signed = dtype.is_floating_point or dtype.is_signed
+    idx = torch.arange(count)
+    buf = check_input(redop, signed, world, rank, idx).to(dtype)
+    dist.reduce(buf, dst=0, op=REDOPS[redop], group=group)
+    if rank != 0:
+        return 0
+    return _count_wrong(buf.to(torch.float64), expected_result(redop, signed, world, idx), redop,
+                        dtype.is_floating_point)
+
+
+def check_all_gather(count, dtype, redop, group, rank, world):
+    signed = dtype.is_floating_point or dtype.is_signed
+    per = count // world
+    out = torch.empty(per * world, dtype=dtype)
+    dist.all_gather_into_tensor(out, _data(dtype, signed, world, rank, torch.arange(per)), group=group)
+    want = torch.cat([_data(dtype, signed, world, q, torch.arange(per)) for q in range(world)])
+    return int((out != want).sum())
+
+
+def check_broadcast(count, dtype, redop, group, rank, world):
+    signed = dtype.is_floating_point or dtype.is_signed
+    idx = torch.arange(count)
+    buf = _data(dtype, signed, world, rank, idx)
+    dist.broadcast(buf, src=0, group=group)
+    return int((buf != _data(dtype, signed, world, 0, idx)).sum())
+
+
+def check_alltoall(count, dtype, redop, group, rank, world):
+    signed = dtype.is_floating_point or dtype.is_signed
+    per = count // world
+    inp = _data(dtype, signed, world, rank, torch.arange(per * world))
+    out = torch.empty_like(inp)
+    dist.all_to_all_single(out, inp, group=group)
+    # Chunk q of the output is chunk `rank` of rank q's input.
+    want = torch.cat([_data(dtype, signed, world, q, torch.arange(rank * per, (rank + 1) * per))
+                      for q in range(world)]) if per else out
+    return int((out != want).sum())
+
+
+def _gather_scatter_factor(n: int) -> float:
+    return (n - 1) / n if n > 1 else 1.0
+
+
+# Bytes that must cross main memory machine-wide for one op of N bytes on n ranks (as for
+# all_reduce, slots stay in cache): reduce_scatter reads N and writes N/n per rank; all_gather
+# reads N/n and writes N per rank; broadcast's root reads N and every other rank writes N;
+# reduce reads N on every rank and writes N on the root; alltoall reads and writes N per rank.
 COLLECTIVES = {
     c.name: c
     for c in (
-        Collective(
-            name="all_reduce",
-            run=_run_all_reduce,
-            check=check_all_reduce,
-            busbw_factor=allreduce_busbw_factor,
-            busbw_formula="2(n-1)/n",
-            floor_bytes=ringreduce_allreduce_bytes,
-            floor_formula="2n*N",
-        ),
+        Collective("all_reduce", _prepare_all_reduce, check_all_reduce, allreduce_busbw_factor,
+                   "2(n-1)/n", ringreduce_allreduce_bytes, "2n*N"),
+        Collective("reduce_scatter", _prepare_reduce_scatter, check_reduce_scatter,
+                   _gather_scatter_factor, "(n-1)/n", lambda N, n: (n + 1) * N if n > 1 else 0,
+                   "(n+1)*N"),
+        Collective("all_gather", _prepare_all_gather, check_all_gather, _gather_scatter_factor,
+                   "(n-1)/n", lambda N, n: (n + 1) * N if n > 1 else 0, "(n+1)*N"),
+        Collective("broadcast", _prepare_broadcast, check_broadcast, lambda n: 1.0, "1",
+                   lambda N, n: n * N if n > 1 else 0, "n*N"),
+        Collective("reduce", _prepare_reduce, check_reduce, lambda n: 1.0, "1",
+                   lambda N, n: (n + 1) * N if n > 1 else 0, "(n+1)*N"),
+        Collective("alltoall", _prepare_alltoall, check_alltoall, _gather_scatter_factor,
+                   "(n-1)/n", lambda N, n: 2 * n * N if n > 1 else 0, "2n*N"),
     )
 }
 
@@ -388,32 +486,19 @@ def copy_bytes(maxbytes: int) -> int:
     return min(max(COPY_MIN_BYTES, maxbytes), COPY_MAX_BYTES)
 
 
-def _copier():
-    """The copy to measure the machine with: ringreduce's own streaming-store copy when it loads.
-
-    The ring writes large outputs with streaming stores; torch's copy_ pays a read-for-ownership of
-    the destination on top, which would make the floor too slow by up to a third.
-    """
-    try:
-        import ringreduce
-
-        return ringreduce.load_extension()._stream_copy, "ringreduce's streaming-store copy"
-    except ImportError:
-        return (lambda dst, src: dst.copy_(src)), "torch's copy_"
-
-
 def measure_copy_bandwidth(nbytes: int, world: int, control) -> float:
     """Aggregate read+write bytes/s with every rank copying a buffer at once: the memory floor's unit."""
-    copy, _ = _copier()
+    # A plain copy, like the ring's own output writes: both pay a read-for-ownership of each
+    # destination line on top of the bytes counted.
     src = torch.arange(nbytes // 4, dtype=torch.float32)
     dst = torch.empty_like(src)
-    copy(dst, src)  # first touch: page faults are not what is being measured
+    dst.copy_(src)  # first touch: page faults are not what is being measured
     best = float("inf")
     for _ in range(COPY_TRIALS):
         dist.barrier(group=control)
         start = time.monotonic()
         for _ in range(COPY_REPS):
-            copy(dst, src)
+            dst.copy_(src)
         # Time from the first rank's start to the last rank's end, not the slowest rank alone: with
         # more ranks than cores, ranks that copy one after another must not count as copying at once.
         # CLOCK_MONOTONIC is one clock for the whole host, and the floor is a one-host figure.
@@ -430,7 +515,7 @@ def probe_support(coll: Collective, dtype: torch.dtype, redop: str, group, contr
     so catching the error here leaves the group usable; the ranks then agree through the control group.
     """
     try:
-        coll.run(torch.zeros(1, dtype=dtype), redop, group)
+        coll.prepare(torch.zeros(1, dtype=dtype), redop, group, dist.get_world_size(group))()
         reason = None
     except (RuntimeError, ValueError) as e:
         reason = f"{type(e).__name__}: {str(e).splitlines()[0]}"
@@ -453,16 +538,17 @@ def iterations(args: argparse.Namespace, seconds_per_iter: float) -> int:
 
 def time_collective(coll: Collective, buf: torch.Tensor, args: argparse.Namespace, group, control) -> float:
     """Max over ranks of the mean time of one iteration, in seconds."""
+    run = coll.prepare(buf, args.redop, group, dist.get_world_size(group))
     start = time.perf_counter()
     for _ in range(args.warmup):
-        coll.run(buf, args.redop, group)
+        run()
     # Every rank must run the same number of iterations: derive it from the slowest rank's warm-up.
     per_iter = _max_over_ranks((time.perf_counter() - start) / max(args.warmup, 1), control)
     iters = iterations(args, per_iter if args.warmup else 0.0)
     dist.barrier(group=control)
     start = time.perf_counter()
     for _ in range(iters):
-        coll.run(buf, args.redop, group)
+        run()
     return _max_over_ranks((time.perf_counter() - start) / iters, control)
 
 
@@ -586,7 +672,7 @@ class Report:
             f"algbw = size / time, busbw = algbw * {self.coll.busbw_formula} "
             f"({n} ranks: x{self.coll.busbw_factor(n):.3f}); GB = 1e9 bytes",
             f"Memory floor: {n} rank(s) each copying {format_size(copy_bytes(a.maxbytes))} at once move "
-            f"{bw} (reads + writes, all ranks together, with {_copier()[1]})",
+            f"{bw} (reads + writes, all ranks together)",
             f"  {subject}'s {a.op} of N bytes reads + writes {self.coll.floor_formula} bytes in all => "
             f"floor(us) = {self.coll.floor_formula} / {bw}; %floor = floor / time({subject})",
         ]
