@@ -241,6 +241,19 @@ void check_list(const std::vector<at::Tensor>& list, const at::Tensor& like, int
   }
 }
 
+// Ops that only move bytes take any dtype: types the kernels do not know travel as bytes. Returns
+// the tag to move `t` as, and how many of those elements one of t's elements is.
+std::pair<DType, size_t> moved_as(const at::Tensor& t) {
+  const auto known = core_dtype(t.scalar_type());
+  if (known) return {*known, 1};
+  return {DType::UInt8, t.element_size()};
+}
+
+std::pair<DType, size_t> as_moved(const at::Tensor& t) {
+  const auto [d, scale] = moved_as(t);
+  return {d, static_cast<size_t>(t.numel()) * scale};
+}
+
 }  // namespace
 
 c10::intrusive_ptr<c10d::Work> RingBackend::allreduce(std::vector<at::Tensor>& tensors,
@@ -348,10 +361,7 @@ RingBackend::Body RingBackend::allgather_body(const at::Tensor& output, const at
     fail(detail::cat("ringreduce allgather: rank ", rank_, ": the output has ", output.numel(),
                      " elements, expected world size (", size_, ") x the input's ", input.numel()));
   }
-  // All-gather only moves bytes: any dtype works, and types the kernels do not know travel as bytes.
-  const auto known = core_dtype(input.scalar_type());
-  const DType d = known.value_or(DType::UInt8);
-  const size_t count = known ? static_cast<size_t>(input.numel()) : input.numel() * input.element_size();
+  const auto [d, count] = as_moved(input);  // all-gather only moves bytes: any dtype
   at::NoGradGuard no_grad;
   at::Tensor in = input.contiguous();
   // The input may be the output's own chunk (all_gather_into_tensor on a view): the ring then
@@ -363,7 +373,7 @@ RingBackend::Body RingBackend::allgather_body(const at::Tensor& output, const at
     const auto* mine = static_cast<const uint8_t*>(output.data_ptr()) + rank_ * in.nbytes();
     if (mine != in.data_ptr()) out = at::empty(output.sizes(), output.options());
   }
-  return [this, output, in, out, d, count](const OpContext& ctx, const Deadline& dl) {
+  return [this, output, in, out, d = d, count = count](const OpContext& ctx, const Deadline& dl) {
     ring_->all_gather(in.data_ptr(), Chunks(out.data_ptr(), in.nbytes()), count, d, ctx, dl);
     if (!out.is_same(output)) output.copy_(out);
   };
@@ -385,9 +395,7 @@ RingBackend::Body RingBackend::allgather_list_body(const std::vector<at::Tensor>
                                                    const at::Tensor& input) {
   const char* name = "allgather";
   check_list(outputs, input, size_, name, rank_, "output");
-  const auto known = core_dtype(input.scalar_type());
-  const DType d = known.value_or(DType::UInt8);
-  const size_t count = known ? static_cast<size_t>(input.numel()) : input.numel() * input.element_size();
+  const auto [d, count] = as_moved(input);
   at::NoGradGuard no_grad;
   at::Tensor in = input.contiguous();
   std::vector<at::Tensor> user = outputs;
@@ -396,7 +404,7 @@ RingBackend::Body RingBackend::allgather_list_body(const std::vector<at::Tensor>
     const bool direct = t.is_contiguous() && at::get_overlap_status(t, in) == at::MemOverlapStatus::No;
     out.push_back(direct ? t : at::empty(t.sizes(), t.options()));
   }
-  return [this, user, in, out, d, count](const OpContext& ctx, const Deadline& dl) {
+  return [this, user, in, out, d = d, count = count](const OpContext& ctx, const Deadline& dl) {
     std::vector<void*> ptrs;
     for (const at::Tensor& t : out) ptrs.push_back(t.data_ptr());
     ring_->all_gather(in.data_ptr(), Chunks(&ptrs), count, d, ctx, dl);
@@ -415,13 +423,6 @@ int RingBackend::checked_root(int64_t root, const char* op) const {
 }
 
 namespace {
-
-// Ops that only move bytes take any dtype: types the kernels do not know travel as bytes.
-std::pair<DType, size_t> as_moved(const at::Tensor& t) {
-  const auto known = core_dtype(t.scalar_type());
-  if (known) return {*known, static_cast<size_t>(t.numel())};
-  return {DType::UInt8, static_cast<size_t>(t.numel()) * t.element_size()};
-}
 
 // The caller's tensors, or private contiguous buffers (owned by the op, copied back on success)
 // where a caller's tensor is strided.
@@ -558,10 +559,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::alltoall_base(at::Tensor& output, at
   };
   std::vector<size_t> send = counts(input, input_split_sizes, "input");
   std::vector<size_t> recv = counts(output, output_split_sizes, "output");
-  const auto [d, elem_scale] = [&]() -> std::pair<DType, size_t> {
-    const auto known = core_dtype(input.scalar_type());
-    return known ? std::make_pair(*known, size_t(1)) : std::make_pair(DType::UInt8, size_t(input.element_size()));
-  }();
+  const auto [d, elem_scale] = moved_as(input);
   for (auto& x : send) x *= elem_scale;
   for (auto& x : recv) x *= elem_scale;
   at::NoGradGuard no_grad;
@@ -598,9 +596,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::alltoall(std::vector<at::Tensor>& ou
     check_same_dtype(outputs[p], inputs[0], name, rank_, "an output");
     check_same_dtype(inputs[p], inputs[0], name, rank_, "an input");
   }
-  const auto known = core_dtype(inputs[0].scalar_type());
-  const DType d = known.value_or(DType::UInt8);
-  const size_t scale = known ? 1 : inputs[0].element_size();
+  const auto [d, scale] = moved_as(inputs[0]);
   std::vector<size_t> send, recv;
   for (int p = 0; p < size_; ++p) {
     send.push_back(static_cast<size_t>(inputs[p].numel()) * scale);
@@ -617,7 +613,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::alltoall(std::vector<at::Tensor>& ou
     bufs.push_back(clear ? t : at::empty(t.sizes(), t.options()));
   }
   return enqueue(c10d::OpType::ALLTOALL, name, user, opts.timeout, opts.asyncOp,
-                 [this, ins, user, bufs, send, recv, d](const OpContext& ctx, const Deadline& dl) {
+                 [this, ins, user, bufs, send, recv, d = d](const OpContext& ctx, const Deadline& dl) {
                    std::vector<void*> ip = pointers(ins), op = pointers(bufs);
                    ring_->alltoall(Chunks(&ip), send, Chunks(&op), recv, d, ctx, dl);
                    copy_back(bufs, user);
@@ -690,24 +686,17 @@ c10::intrusive_ptr<c10d::Work> RingBackend::broadcast(std::vector<at::Tensor>& t
                                                       const c10d::BroadcastOptions& opts) {
   const char* name = "broadcast";
   at::Tensor t = single_cpu_tensor(tensors, name, rank_);
-  if (opts.rootRank < 0 || opts.rootRank >= size_) {
-    fail(detail::cat("ringreduce broadcast: rank ", rank_, ": root ", opts.rootRank,
-                     " is not a rank of this group (size ", size_, ")"));
-  }
+  const int root = checked_root(opts.rootRank, name);
   if (opts.rootTensor != 0) {
     fail(detail::cat("ringreduce broadcast: rank ", rank_, ": root tensor ", opts.rootTensor,
                      " does not exist: one tensor per rank"));
   }
-  // Broadcast only moves bytes, so any dtype works: types the kernels do not know travel as bytes.
-  const auto known = core_dtype(t.scalar_type());
-  const DType d = known.value_or(DType::UInt8);
-  const size_t count = known ? static_cast<size_t>(t.numel()) : t.numel() * t.element_size();
-  const int root = static_cast<int>(opts.rootRank);
+  const auto [d, count] = as_moved(t);  // broadcast only moves bytes: any dtype
 
   at::NoGradGuard no_grad;
   at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
   return enqueue(c10d::OpType::BROADCAST, name, {t}, opts.timeout, opts.asyncOp,
-                 [this, t, buf, d, count, root](const OpContext& ctx, const Deadline& dl) {
+                 [this, t, buf, d = d, count = count, root](const OpContext& ctx, const Deadline& dl) {
                    ring_->broadcast(buf.data_ptr(), count, d, root, ctx, dl);
                    if (!buf.is_same(t) && rank_ != root) t.copy_(buf);
                  });
