@@ -1,0 +1,79 @@
+"""A process group's life: set up, used, destroyed, and set up again in the same processes on the
+same store, leaving no threads and no /dev/shm segments behind; shutdown and abort."""
+
+import os
+import tempfile
+
+import pytest
+import torch.multiprocessing as mp
+
+
+def _threads():
+    return len(os.listdir("/proc/self/task"))
+
+
+def _segments():
+    return sorted(f for f in os.listdir("/dev/shm") if f.startswith("ringreduce-"))
+
+
+def _rank_reinit(rank, world, path, results):
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    store = dist.FileStore(path, world)
+    threads = []
+    for round_ in range(3):
+        dist.init_process_group("ringreduce", store=store, rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=60))
+        t = torch.full((1000,), float(rank + round_))
+        dist.all_reduce(t)
+        assert t[0].item() == sum(r + round_ for r in range(world)), (round_, t[0].item())
+        sub = dist.new_group(backend="ringreduce")
+        dist.all_reduce(t, group=sub)
+        dist.destroy_process_group()
+        threads.append(_threads())
+    # monitored_barrier is a gloo-only collective in torch; on ringreduce torch refuses it itself.
+    dist.init_process_group("ringreduce", store=store, rank=rank, world_size=world)
+    try:
+        dist.monitored_barrier()
+        refused = None
+    except ValueError as e:
+        refused = str(e)
+    # shutdown then abort on one group, and ops afterwards fail with a message instead of hanging.
+    g = dist.new_group(backend="ringreduce")
+    backend = g._get_backend(torch.device("cpu"))
+    backend.shutdown()
+    try:
+        dist.all_reduce(torch.ones(3), group=g)
+        after_shutdown = None
+    except RuntimeError as e:
+        after_shutdown = str(e)
+    dist.destroy_process_group()
+    results.put((rank, threads, refused, after_shutdown))
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_destroy_and_init_again_leaves_nothing_behind(world):
+    before = _segments()
+    with tempfile.TemporaryDirectory() as d:
+        ctx = mp.get_context("spawn")
+        results = ctx.Queue()
+        procs = mp.start_processes(_rank_reinit, args=(world, os.path.join(d, "store"), results),
+                                   nprocs=world, start_method="spawn", join=False)
+        try:
+            while not procs.join(timeout=120):
+                pass
+        finally:
+            for p in procs.processes:
+                if p.is_alive():
+                    p.kill()
+        got = sorted(results.get(timeout=10) for _ in range(world))
+    for rank, threads, refused, after_shutdown in got:
+        # Each incarnation's progress thread is gone once it is destroyed: no growth per round.
+        assert threads[0] == threads[1] == threads[2], f"rank {rank}: threads per round {threads}"
+        assert refused and "GLOO" in refused, f"rank {rank}: {refused!r}"
+        assert after_shutdown and "shut down" in after_shutdown, f"rank {rank}: {after_shutdown!r}"
+    assert _segments() == before, f"segments left in /dev/shm: {set(_segments()) - set(before)}"
