@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import math
 import os
 import platform
@@ -353,6 +354,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-d", "--dtype", choices=DTYPES, default="float32", help="element type (default float32)")
     p.add_argument("-o", "--redop", choices=REDOPS, default="sum", help="reduction (default sum)")
     p.add_argument("--op", choices=COLLECTIVES, default="all_reduce", help="collective (default all_reduce)")
+    p.add_argument("--json", metavar="FILE", help="also write every row, per backend, to FILE as JSON")
+    p.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="also draw busbw against size, one line per backend, to FILE.png (needs matplotlib: "
+        "pip install matplotlib, or the package's 'plot' extra)",
+    )
     p.add_argument(
         "--backends",
         type=_backends_arg,
@@ -400,6 +408,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("need --iters >= 1 and --warmup >= 0")
     if args.timeout <= 0:
         parser.error("--timeout must be positive")
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401 - checked now rather than after the whole run
+        except ImportError:
+            parser.error("--plot needs matplotlib: pip install matplotlib (or the 'plot' extra)")
     return args
 
 
@@ -608,6 +621,10 @@ def _bench(rank: int, world: int, args: argparse.Namespace, groups: list, contro
             report.row(*rows[-1])
     if report is not None:
         report.summary(rows)
+        if args.json:
+            report.write_json(rows, args.json)
+        if args.plot:
+            report.plot(rows, args.plot)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -714,6 +731,58 @@ class Report:
         if len(results) > 1:
             cells.append(_fmt(self._ratio(results), ".2f"))
         print(self._line("  ", cells), flush=True)
+
+    def records(self, rows: list) -> list[dict]:
+        """One dict per (size, backend): what the table shows, in plain units."""
+        out = []
+        for nbytes, count, results in rows:
+            for name, r in zip(self.names, results, strict=True):
+                measured = r.time_s is not None
+                out.append({
+                    "op": self.args.op, "backend": name, "world": self.world, "bytes": nbytes,
+                    "count": count, "dtype": self.args.dtype, "redop": self.args.redop,
+                    "time_us": r.time_s * 1e6 if measured else None,
+                    "algbw_GBps": nbytes / r.time_s / 1e9 if measured else None,
+                    "busbw_GBps": self._busbw(nbytes, r.time_s) if measured else None,
+                    "wrong": r.wrong,
+                })
+        return out
+
+    def write_json(self, rows: list, path: str) -> None:
+        doc = {
+            "command": " ".join(shlex.quote(a) for a in sys.argv),
+            "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "host": {"cpus": os.cpu_count(), "torch": torch.__version__},
+            "copy_bandwidth_GBps": self.copy_bw / 1e9,
+            "rows": self.records(rows),
+        }
+        with open(path, "w") as f:
+            json.dump(doc, f, indent=1)
+        print(f"# wrote {path}")
+
+    def plot(self, rows: list, path: str) -> None:
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError as e:
+            raise RuntimeError(f"{PROG}: --plot needs matplotlib ({e}): pip install matplotlib") from e
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        recs = self.records(rows)
+        for name in self.names:
+            pts = [(r["bytes"], r["busbw_GBps"]) for r in recs if r["backend"] == name and r["busbw_GBps"]]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=f"{name} {self.args.op}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("size (bytes)")
+        ax.set_ylabel("busbw (GB/s)")
+        ax.set_title(f"{self.args.op}, {self.args.dtype} {self.args.redop}, {self.world} ranks")
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        print(f"# wrote {path}")
 
     @staticmethod
     def _ratio(results: list[Result]) -> float | None:

@@ -6,6 +6,7 @@ launcher, not the numbers. The gloo,gloo runs exercise all of that without the c
 
 import os
 import re
+import json
 import subprocess
 import sys
 
@@ -233,3 +234,28 @@ def test_parse_args_defaults_and_check_switch():
     )
     assert bench.parse_args(["--no-check"]).check is False
     assert bench.parse_args(["--no-check", "-c"]).check is True
+
+
+@pytest.mark.parametrize("op", sorted(bench.COLLECTIVES))
+def test_bench_every_op_checks_and_writes_json(op, tmp_path):
+    path = tmp_path / "rows.json"
+    out = run_bench("-g", "2", "--op", op, *TINY, "--json", str(path))
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(path.read_text())["rows"]
+    _, table = parse_table(out.stdout)
+    # One record per size and backend, each exactly checked, matching the printed table.
+    assert len(rows) == 2 * len(table) and {r["backend"] for r in rows} == {"ringreduce", "gloo"}
+    assert all(r["op"] == op and r["wrong"] == 0 and r["busbw_GBps"] > 0 for r in rows), rows
+
+
+def test_bench_plot(tmp_path):
+    path = tmp_path / "busbw.png"
+    out = run_bench("-g", "2", *TINY, "--plot", str(path))
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        # The optional extra is missing: the bench says so before running anything.
+        assert out.returncode != 0 and "--plot needs matplotlib" in out.stderr, out.stderr
+        return
+    assert out.returncode == 0, out.stderr
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
