@@ -77,3 +77,41 @@ def test_destroy_and_init_again_leaves_nothing_behind(world):
         assert refused and "GLOO" in refused, f"rank {rank}: {refused!r}"
         assert after_shutdown and "shut down" in after_shutdown, f"rank {rank}: {after_shutdown!r}"
     assert _segments() == before, f"segments left in /dev/shm: {set(_segments()) - set(before)}"
+
+
+def _rank_destroy_in_callback(rank, world, path, results):
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("ringreduce", store=dist.FileStore(path, world), rank=rank,
+                            world_size=world)
+    # The only reference to the group is in `holder`, so the callback's destroy_process_group
+    # drops the last one, on the group's own progress thread.
+    holder = [dist.new_group(backend="ringreduce")]
+    t = torch.ones(1000)
+    fut = dist.all_reduce(t, group=holder[0], async_op=True).get_future()
+    fut.then(lambda f: dist.destroy_process_group(holder.pop())).wait()
+    x = torch.ones(3)
+    dist.all_reduce(x)  # the default group goes on working
+    dist.destroy_process_group()
+    results.put((rank, t[0].item(), x[0].item()))
+
+
+def test_group_destroyed_from_its_own_callback():
+    world = 2
+    with tempfile.TemporaryDirectory() as d:
+        ctx = mp.get_context("spawn")
+        results = ctx.Queue()
+        procs = mp.start_processes(_rank_destroy_in_callback,
+                                   args=(world, os.path.join(d, "store"), results),
+                                   nprocs=world, start_method="spawn", join=False)
+        try:
+            while not procs.join(timeout=120):
+                pass
+        finally:
+            for p in procs.processes:
+                if p.is_alive():
+                    p.kill()
+        got = sorted(results.get(timeout=10) for _ in range(world))
+    assert got == [(r, float(world), float(world)) for r in range(world)], got

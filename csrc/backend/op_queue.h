@@ -9,6 +9,7 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -16,6 +17,28 @@
 #include "backend/work.h"
 
 namespace ringreduce {
+
+// What the queue, its progress thread and its Works share. The thread holds its own reference: a
+// group destroyed from one of its own future callbacks is destroyed on that thread, which cannot
+// join itself, so the thread finishes the callback and exits touching nothing but this.
+struct QueueState {
+  struct Task {
+    c10::intrusive_ptr<RingWork> work;
+    std::function<void()> body;
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Task> tasks;
+  bool running = false;   // an op is running, on the progress thread or inline
+  bool stopping = false;  // no more pushes; the thread exits once `tasks` is empty
+  std::thread::id thread_id;
+};
+
+// Future callbacks run on the progress thread. One that issues an op on this group and waits for
+// it (PowerSGD's hook does) would wait for an op queued behind itself. So on the progress thread
+// an op is not left to the queue: this runs the queued ops here, in issue order, until `work` has
+// completed (or nothing is left that this thread could run).
+void run_queued_here_until(QueueState& st, const RingWork& work);
 
 class OpQueue {
  public:
@@ -33,38 +56,22 @@ class OpQueue {
   bool try_claim();
   void run_claimed(const c10::intrusive_ptr<RingWork>& work, const std::function<void()>& body);
 
-  // Future callbacks run on the progress thread. One that issues an op on this group and waits
-  // for it (PowerSGD's hook does) would wait for an op queued behind itself. So on the progress
-  // thread an op is not left to the queue: this runs the queued ops here, in issue order, until
-  // `work` has completed (or nothing is left that this thread could run).
-  void run_queued_here_until(const RingWork& work);
-  bool on_progress_thread() const { return std::this_thread::get_id() == thread_.get_id(); }
-  std::thread::id thread_id() const { return thread_.get_id(); }
+  void run_queued_here_until(const RingWork& work) { ringreduce::run_queued_here_until(*st_, work); }
+  bool on_progress_thread() const { return std::this_thread::get_id() == st_->thread_id; }
+  const std::shared_ptr<QueueState>& state() const { return st_; }
 
   // Stops taking ops, lets the queued ones run (each keeps its own deadline) and joins the thread.
-  // Idempotent.
+  // Idempotent. On the progress thread itself (from a callback) the queued ops fail instead.
   void drain();
   // Stops taking ops, fails the queued ones with `why`, waits for the running one (abort the
   // transport first so that it ends promptly) and joins the thread. Idempotent.
   void cancel(const std::string& why);
 
  private:
-  struct Task {
-    c10::intrusive_ptr<RingWork> work;
-    std::function<void()> body;
-  };
-  void loop();
   void join();
-  // Runs body, ends the claim (running_), then completes the Work: its future's callbacks may
-  // issue further ops on this group, which must then find the queue free.
-  void run_and_complete(const c10::intrusive_ptr<RingWork>& work, const std::function<void()>& body);
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Task> tasks_;
-  bool running_ = false;   // an op is running, on the progress thread or inline
-  bool stopping_ = false;  // no more pushes; the thread exits once tasks_ is empty
-  std::mutex join_mu_;     // drain() and cancel() may race (abort from another thread)
+  std::shared_ptr<QueueState> st_;
+  std::mutex join_mu_;  // drain() and cancel() may race (abort from another thread)
   std::thread thread_;
 };
 

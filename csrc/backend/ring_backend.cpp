@@ -99,7 +99,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const cha
   std::unique_lock<std::mutex> lock(mu_);
   const uint64_t seq = next_seq_++;
   const std::chrono::milliseconds t = timeout == c10d::kUnsetTimeout ? timeout_ : timeout;
-  auto work = c10::make_intrusive<RingWork>(rank_, type, name, seq, std::move(outputs), &queue_);
+  auto work = c10::make_intrusive<RingWork>(rank_, type, name, seq, std::move(outputs), queue_.state());
   std::function<void()> task = [body = std::move(body), name, seq, t] {
     OpContext ctx;
     ctx.name = name;

@@ -9,14 +9,14 @@
 namespace ringreduce {
 
 RingWork::RingWork(int rank, c10d::OpType type, const char* op_name, uint64_t seq,
-                   std::vector<at::Tensor> outputs, OpQueue* queue)
+                   std::vector<at::Tensor> outputs, std::shared_ptr<QueueState> queue)
     : c10d::Work(rank, type),
       op_name_(op_name),
       seq_(seq),
       rank_(rank),
       outputs_(std::move(outputs)),
-      queue_(queue),
-      progress_thread_(queue->thread_id()),
+      queue_(std::move(queue)),
+      progress_thread_(queue_->thread_id),
       future_(c10::make_intrusive<c10::ivalue::Future>(
           c10::ListType::create(c10::TensorType::get()))) {}
 
@@ -24,7 +24,7 @@ bool RingWork::wait(std::chrono::milliseconds timeout) {
   if (std::this_thread::get_id() == progress_thread_) {
     // A future callback waiting for an op of its group: run the queue here rather than wait for
     // the thread we are on.
-    queue_->run_queued_here_until(*this);
+    run_queued_here_until(*queue_, *this);
   }
   std::unique_lock<std::mutex> lock(mutex_);
   if (timeout == kNoTimeout) {

@@ -10,19 +10,20 @@
 
 #include <chrono>
 #include <exception>
+#include <memory>
 #include <thread>
 #include <vector>
 
 namespace ringreduce {
 
-class OpQueue;
+struct QueueState;
 
 class RingWork final : public c10d::Work {
  public:
-  // `queue`: the group's op queue, whose progress thread completes queued ops; a wait on that
-  // thread runs them itself (see OpQueue::run_queued_here_until).
+  // `queue`: the state of the group's op queue, whose progress thread completes queued ops; a
+  // wait on that thread runs them itself (see run_queued_here_until).
   RingWork(int rank, c10d::OpType type, const char* op_name, uint64_t seq,
-           std::vector<at::Tensor> outputs, OpQueue* queue);
+           std::vector<at::Tensor> outputs, std::shared_ptr<QueueState> queue);
 
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
@@ -40,7 +41,7 @@ class RingWork final : public c10d::Work {
   uint64_t seq_;
   int rank_;
   std::vector<at::Tensor> outputs_;
-  OpQueue* queue_;                   // only used on its progress thread, which outlives no queue
+  std::shared_ptr<QueueState> queue_;
   std::thread::id progress_thread_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
