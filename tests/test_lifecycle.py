@@ -16,6 +16,23 @@ def _segments():
     return sorted(f for f in os.listdir("/dev/shm") if f.startswith("ringreduce-"))
 
 
+def _spawn(fn, world):
+    """Runs fn(rank, world, store_path, results) on `world` fresh processes; returns what they put
+    in `results`, sorted by rank. A rank that dies fails the test; none outlives it."""
+    with tempfile.TemporaryDirectory() as d:
+        results = mp.get_context("spawn").Queue()
+        procs = mp.start_processes(fn, args=(world, os.path.join(d, "store"), results),
+                                   nprocs=world, start_method="spawn", join=False)
+        try:
+            while not procs.join(timeout=120):
+                pass
+        finally:
+            for p in procs.processes:
+                if p.is_alive():
+                    p.kill()
+        return sorted(results.get(timeout=10) for _ in range(world))
+
+
 def _rank_reinit(rank, world, path, results):
     import datetime
 
@@ -58,19 +75,7 @@ def _rank_reinit(rank, world, path, results):
 @pytest.mark.parametrize("world", [2, 3])
 def test_destroy_and_init_again_leaves_nothing_behind(world):
     before = _segments()
-    with tempfile.TemporaryDirectory() as d:
-        ctx = mp.get_context("spawn")
-        results = ctx.Queue()
-        procs = mp.start_processes(_rank_reinit, args=(world, os.path.join(d, "store"), results),
-                                   nprocs=world, start_method="spawn", join=False)
-        try:
-            while not procs.join(timeout=120):
-                pass
-        finally:
-            for p in procs.processes:
-                if p.is_alive():
-                    p.kill()
-        got = sorted(results.get(timeout=10) for _ in range(world))
+    got = _spawn(_rank_reinit, world)
     for rank, threads, refused, after_shutdown in got:
         # Each incarnation's progress thread is gone once it is destroyed: no growth per round.
         assert threads[0] == threads[1] == threads[2], f"rank {rank}: threads per round {threads}"
@@ -100,18 +105,5 @@ def _rank_destroy_in_callback(rank, world, path, results):
 
 def test_group_destroyed_from_its_own_callback():
     world = 2
-    with tempfile.TemporaryDirectory() as d:
-        ctx = mp.get_context("spawn")
-        results = ctx.Queue()
-        procs = mp.start_processes(_rank_destroy_in_callback,
-                                   args=(world, os.path.join(d, "store"), results),
-                                   nprocs=world, start_method="spawn", join=False)
-        try:
-            while not procs.join(timeout=120):
-                pass
-        finally:
-            for p in procs.processes:
-                if p.is_alive():
-                    p.kill()
-        got = sorted(results.get(timeout=10) for _ in range(world))
+    got = _spawn(_rank_destroy_in_callback, world)
     assert got == [(r, float(world), float(world)) for r in range(world)], got
