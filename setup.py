@@ -38,6 +38,7 @@ CPU_SOURCES = sources(
     "reduce/*.cpp",
     "transport/**/*.cpp",
     "ring/*.cpp",
+    "p2p/*.cpp",
     "backend/*.cpp",
     "bucket/*.cpp",
     "bindings.cpp",

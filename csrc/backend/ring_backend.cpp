@@ -10,6 +10,7 @@
 
 #include "backend/store_bootstrap.h"
 #include "common/error.h"
+#include "p2p/p2p.h"
 #include "reduce/reduce.h"
 #include "ring/ring.h"
 #include "transport/shm/shm_transport.h"
@@ -62,6 +63,14 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     shm.spin = config_.spin;
     transport_ = std::make_unique<ShmTransport>(bs, prefix, rank, size, shm);
     ring_ = std::make_unique<Ring>(*transport_, config_.slice_bytes);
+    // Sends and receives get a transport of their own (segments set up now, while every rank is
+    // here; pages are only touched by the pairs that use them).
+    ShmConfig p2p = shm;
+    p2p.doorbells = true;
+    p2p_transport_ = std::make_unique<ShmTransport>(bs, prefix + "p2p/", rank, size, p2p);
+    p2p_ = std::make_unique<P2p>(*p2p_transport_, [](uint8_t code) {
+      return std::string(c10::toString(static_cast<at::ScalarType>(code)));
+    });
   } catch (const c10::Error&) {
     throw;
   } catch (const std::exception& e) {
@@ -69,10 +78,15 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
   }
 }
 
-RingBackend::~RingBackend() { queue_.drain(); }
+RingBackend::~RingBackend() {
+  queue_.drain();
+  if (p2p_) p2p_->shutdown();
+}
 
 std::vector<std::string> RingBackend::linked_segments() const {
-  return transport_->linked_segments();
+  auto names = transport_->linked_segments();
+  for (auto& n : p2p_transport_->linked_segments()) names.push_back(n);
+  return names;
 }
 
 void RingBackend::setTimeout(std::chrono::milliseconds timeout) {
@@ -88,9 +102,13 @@ uint64_t RingBackend::getSequenceNumberForGroup() {
 void RingBackend::abort() {  // exit-ok: c10d's name; it ends the group, not the process
   transport_->abort_group(detail::cat("rank ", rank_, " aborted the process group"));
   queue_.cancel("the process group was aborted");
+  p2p_->abort(detail::cat("rank ", rank_, " aborted the process group"));
 }
 
-void RingBackend::shutdown() { queue_.drain(); }
+void RingBackend::shutdown() {
+  queue_.drain();
+  p2p_->shutdown();
+}
 
 c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const char* name,
                                                     std::vector<at::Tensor> outputs,
@@ -705,6 +723,97 @@ c10::intrusive_ptr<c10d::Work> RingBackend::broadcast(std::vector<at::Tensor>& t
 c10::intrusive_ptr<c10d::Work> RingBackend::barrier(const c10d::BarrierOptions& opts) {
   return enqueue(c10d::OpType::BARRIER, "barrier", {}, opts.timeout, opts.asyncOp,
                  [this](const OpContext& ctx, const Deadline& dl) { ring_->barrier(ctx, dl); });
+}
+
+}  // namespace ringreduce
+
+namespace ringreduce {
+
+namespace {
+
+// The p2p engine's completion: copy a strided receive back, name the source, complete the Work.
+P2p::Done p2p_done(c10::intrusive_ptr<RingWork> work, at::Tensor user, at::Tensor buf) {
+  return [work = std::move(work), user = std::move(user), buf = std::move(buf)](
+             std::exception_ptr error, int source) {
+    if (!error && !user.is_same(buf)) {
+      try {
+        at::NoGradGuard no_grad;
+        user.copy_(buf);
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    work->set_source_rank(source);
+    work->complete(error ? as_dist_error(error) : nullptr);
+  };
+}
+
+void check_peer(int peer, int rank, int size, const char* op, const char* what) {
+  if (peer < 0 || peer >= size) {
+    fail(detail::cat("ringreduce ", op, ": rank ", rank, ": invalid ", what, " rank ", peer,
+                     " (group of ", size, ")"));
+  }
+  if (peer == rank) {
+    fail(detail::cat("ringreduce ", op, ": rank ", rank, ": ", what, " rank ", peer,
+                     " is this rank itself"));
+  }
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> RingBackend::send(std::vector<at::Tensor>& tensors, int dstRank,
+                                                 int tag) {
+  const char* name = "send";
+  const at::Tensor& t = single_cpu_tensor(tensors, name, rank_);
+  check_peer(dstRank, rank_, size_, name, "destination");
+  // A strided tensor travels from a private contiguous copy, taken now.
+  at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
+  auto work = c10::make_intrusive<RingWork>(rank_, c10d::OpType::SEND, name, next_p2p_seq_++,
+                                            std::vector<at::Tensor>{t}, queue_.state());
+  std::chrono::milliseconds timeout;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    timeout = timeout_;
+  }
+  try {
+    p2p_->send(buf.data_ptr(), buf.nbytes(), static_cast<uint8_t>(t.scalar_type()), dstRank, tag,
+               timeout, p2p_done(work, buf, buf));
+  } catch (const std::exception& e) {
+    fail(e.what());
+  }
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> RingBackend::p2p_recv(std::vector<at::Tensor>& tensors, int src,
+                                                     int tag, const char* name) {
+  const at::Tensor& t = single_cpu_tensor(tensors, name, rank_);
+  if (src != -1) check_peer(src, rank_, size_, name, "source");
+  // Data lands straight in a contiguous tensor; a strided one gets it on success only.
+  at::Tensor buf = t.is_contiguous() ? t : at::empty(t.sizes(), t.options());
+  auto work = c10::make_intrusive<RingWork>(rank_, c10d::OpType::RECV, name, next_p2p_seq_++,
+                                            std::vector<at::Tensor>{t}, queue_.state());
+  std::chrono::milliseconds timeout;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    timeout = timeout_;
+  }
+  try {
+    p2p_->recv(buf.data_ptr(), buf.nbytes(), static_cast<uint8_t>(t.scalar_type()), src, tag,
+               timeout, p2p_done(work, t, buf));
+  } catch (const std::exception& e) {
+    fail(e.what());
+  }
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> RingBackend::recv(std::vector<at::Tensor>& tensors, int srcRank,
+                                                 int tag) {
+  return p2p_recv(tensors, srcRank, tag, "recv");
+}
+
+c10::intrusive_ptr<c10d::Work> RingBackend::recvAnysource(std::vector<at::Tensor>& tensors,
+                                                          int tag) {
+  return p2p_recv(tensors, -1, tag, "recvAnysource");
 }
 
 }  // namespace ringreduce

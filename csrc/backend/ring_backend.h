@@ -9,6 +9,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -25,6 +26,7 @@ namespace ringreduce {
 
 class ShmTransport;
 class Ring;
+class P2p;
 
 class RingBackend final : public c10d::Backend {
  public:
@@ -70,6 +72,14 @@ class RingBackend final : public c10d::Backend {
                                           std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions& opts) override;
 
+  // Point-to-point, with tags, on a channel of their own (p2p/p2p.h): they need no order with
+  // the group's collectives or with each other beyond what their tags and peers say.
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+
   // Coalesced forms: one Work for several tensors, run in order as one op.
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
       std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
@@ -107,6 +117,8 @@ class RingBackend final : public c10d::Backend {
   Body allgather_body(const at::Tensor& output, const at::Tensor& input);
   Body allgather_list_body(const std::vector<at::Tensor>& outputs, const at::Tensor& input);
   int checked_root(int64_t root, const char* op) const;
+  c10::intrusive_ptr<c10d::Work> p2p_recv(std::vector<at::Tensor>& tensors, int src, int tag,
+                                          const char* op);
 
   // Gives the op its sequence number and queues it; a synchronous op (async_op false) runs on the
   // calling thread instead when the queue is idle.
@@ -118,6 +130,9 @@ class RingBackend final : public c10d::Backend {
   Config config_;
   std::unique_ptr<ShmTransport> transport_;
   std::unique_ptr<Ring> ring_;
+  std::unique_ptr<ShmTransport> p2p_transport_;
+  std::unique_ptr<P2p> p2p_;  // after its transport: stops before it goes away
+  std::atomic<uint64_t> next_p2p_seq_{0};  // a numbering of their own: ranks issue different ones
   std::mutex mu_;  // orders sequence numbers with queue order when several threads issue ops
   uint64_t next_seq_ = 0;
   std::chrono::milliseconds timeout_;

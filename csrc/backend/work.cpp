@@ -41,6 +41,16 @@ bool RingWork::wait(std::chrono::milliseconds timeout) {
 
 c10::intrusive_ptr<c10::ivalue::Future> RingWork::getFuture() { return future_; }
 
+int RingWork::sourceRank() const {
+  const int r = source_rank_.load();
+  if (r < 0) {
+    C10_THROW_ERROR(DistBackendError,
+                    detail::cat("ringreduce ", op_name_, ": rank ", rank_,
+                                ": sourceRank() is only known for a completed receive"));
+  }
+  return r;
+}
+
 std::vector<at::Tensor> RingWork::result() { return outputs_; }
 
 void RingWork::complete(std::exception_ptr error) {

@@ -8,6 +8,7 @@
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <exception>
 #include <memory>
@@ -29,6 +30,9 @@ class RingWork final : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   std::vector<at::Tensor> result() override;
   uint64_t getSequencenumber() const override { return seq_; }
+  // The rank a receive's data came from (recvAnysource); set before complete().
+  int sourceRank() const override;
+  void set_source_rank(int r) { source_rank_.store(r); }
 
   // Called once, by the progress thread. `error` is null on success.
   void complete(std::exception_ptr error);
@@ -43,6 +47,7 @@ class RingWork final : public c10d::Work {
   std::vector<at::Tensor> outputs_;
   std::shared_ptr<QueueState> queue_;
   std::thread::id progress_thread_;
+  std::atomic<int> source_rank_{-1};
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 

@@ -15,6 +15,11 @@ const char* op_kind_name(OpKind k) {
     case OpKind::Gather: return "gather";
     case OpKind::Scatter: return "scatter";
     case OpKind::AllToAll: return "alltoall";
+    case OpKind::P2pReady: return "p2p ready";
+    case OpKind::P2pClear: return "p2p clear";
+    case OpKind::P2pData: return "p2p data";
+    case OpKind::P2pRefuse: return "p2p refuse";
+    case OpKind::P2pCancel: return "p2p cancel";
   }
   return "unknown op";
 }

@@ -10,6 +10,7 @@
 // is at all) fail with an error instead of reducing garbage.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -29,6 +30,12 @@ enum class OpKind : uint32_t {
   Gather = 7,
   Scatter = 8,
   AllToAll = 9,
+  // Point-to-point: a rendezvous of control messages, then the data (see p2p/p2p.h).
+  P2pReady = 16,    // sender -> receiver: a send of `count` bytes with a tag waits for a recv
+  P2pClear = 17,    // receiver -> sender: a recv of `count` bytes matched send `seq`: stream it
+  P2pData = 18,     // sender -> receiver: payload of send `seq` at byte offset `count`
+  P2pRefuse = 19,   // receiver -> sender: send `seq` will never be matched (receiver shut down)
+  P2pCancel = 20,   // sender -> receiver: send `seq` was given up (it timed out) before its clear
 };
 const char* op_kind_name(OpKind k);
 
@@ -63,6 +70,19 @@ class Transport {
   virtual const void* recv_begin(int peer, MsgHeader* hdr, const OpContext& op,
                                  const Deadline& dl) = 0;
   virtual void recv_end(int peer) = 0;
+
+  // Non-blocking forms, for an engine that serves every peer from one thread (point-to-point):
+  // null when no slot is free or no message waits. They throw AbortedError once the group is
+  // aborted. Close them with send_end / recv_end as above.
+  virtual void* try_send_begin(int peer) = 0;
+  virtual const void* try_recv_begin(int peer, MsgHeader* hdr) = 0;
+
+  // A counter that changes whenever a message reaches this rank or a peer frees a slot this rank
+  // sent into (on transports built with doorbells on), or when ring_doorbell() is called. An
+  // engine reads it, looks for work, and if it found none sleeps in wait_doorbell until it moves.
+  virtual uint32_t doorbell() const = 0;
+  virtual void ring_doorbell() = 0;
+  virtual void wait_doorbell(uint32_t seen, std::chrono::nanoseconds at_most) = 0;
 
   // Make every current and future wait of every rank in the group fail with an AbortedError that
   // carries `why`. The first reason recorded wins. Safe to call from any thread.

@@ -57,6 +57,8 @@ struct ShmTransport::Segment {
   alignas(64) std::atomic<uint32_t> aborted;      // 1 once `reason` is complete
   std::atomic<uint32_t> abort_claimed;            // first writer of `reason` wins
   char reason[kReasonBytes];
+  // Bumped by peers on every message to / slot freed for this rank, where doorbells are on.
+  alignas(64) WaitWord doorbell;
 };
 
 // One per (receiver, sender) pair, in the receiver's segment. head is written only by the sender,
@@ -300,6 +302,7 @@ void ShmTransport::send_end(int peer, const MsgHeader& hdr) {
   sent_[peer] += 1;
   // seq_cst store: orders the payload before it.
   publish(fifo(peer, rank_)->head, static_cast<uint32_t>(sent_[peer]));
+  if (cfg_.doorbells) ring(peer);
 }
 
 const void* ShmTransport::recv_begin(int peer, MsgHeader* hdr, const OpContext& op,
@@ -322,6 +325,62 @@ const void* ShmTransport::recv_begin(int peer, MsgHeader* hdr, const OpContext& 
 void ShmTransport::recv_end(int peer) {
   received_[peer] += 1;
   publish(fifo(rank_, peer)->tail, static_cast<uint32_t>(received_[peer]));
+  if (cfg_.doorbells) ring(peer);
+}
+
+void* ShmTransport::try_send_begin(int peer) {
+  check_peer(peer, "send");
+  if (segment(rank_)->aborted.load(std::memory_order_acquire)) {
+    throw AbortedError(detail::cat("rank ", rank_, ": the group was aborted: ", abort_reason()));
+  }
+  const uint32_t seq = static_cast<uint32_t>(sent_[peer]);
+  const uint32_t tail = fifo(peer, rank_)->tail.value.load(std::memory_order_acquire);
+  if (seq - tail >= cfg_.nslots) return nullptr;
+  return slot(peer, rank_, seq) + kSlotHeaderBytes;
+}
+
+const void* ShmTransport::try_recv_begin(int peer, MsgHeader* hdr) {
+  check_peer(peer, "receive");
+  if (segment(rank_)->aborted.load(std::memory_order_acquire)) {
+    throw AbortedError(detail::cat("rank ", rank_, ": the group was aborted: ", abort_reason()));
+  }
+  const uint32_t want = static_cast<uint32_t>(received_[peer]);
+  const uint32_t head = fifo(rank_, peer)->head.value.load(std::memory_order_acquire);
+  if (head - want - 1 >= 0x80000000u) return nullptr;
+  const uint8_t* s = slot(rank_, peer, received_[peer]);
+  std::memcpy(hdr, s, sizeof *hdr);
+  RR_CHECK(hdr->bytes <= cfg_.slot_bytes, "ringreduce shm: rank ", rank_, " got a message of ",
+           hdr->bytes, " bytes from rank ", peer, ", larger than a slot (", cfg_.slot_bytes, ")");
+  return s + kSlotHeaderBytes;
+}
+
+void ShmTransport::ring(int owner) {
+  WaitWord& w = segment(owner)->doorbell;
+  w.value.fetch_add(1, std::memory_order_seq_cst);
+  if (w.sleepers.load(std::memory_order_seq_cst) != 0) futex::wake_all(&w.value);
+}
+
+uint32_t ShmTransport::doorbell() const {
+  return segment(rank_)->doorbell.value.load(std::memory_order_seq_cst);
+}
+
+void ShmTransport::ring_doorbell() { ring(rank_); }
+
+void ShmTransport::wait_doorbell(uint32_t seen, std::chrono::nanoseconds at_most) {
+  WaitWord& w = segment(rank_)->doorbell;
+  Segment* own = segment(rank_);
+  const auto until = Clock::now() + std::min<std::chrono::nanoseconds>(at_most, cfg_.spin);
+  for (unsigned i = 1;; ++i) {
+    if (w.value.load(std::memory_order_acquire) != seen) return;
+    cpu_relax();
+    if ((i & 63) == 0 && Clock::now() >= until) break;
+  }
+  w.sleepers.fetch_add(1, std::memory_order_seq_cst);
+  if (w.value.load(std::memory_order_seq_cst) == seen &&
+      !own->aborted.load(std::memory_order_seq_cst)) {
+    futex::wait(&w.value, seen, std::min<std::chrono::nanoseconds>(at_most, kMaxSleep));
+  }
+  w.sleepers.fetch_sub(1, std::memory_order_seq_cst);
 }
 
 void ShmTransport::abort_group(const std::string& why) {
@@ -341,6 +400,7 @@ void ShmTransport::abort_group(const std::string& why) {
       futex::wake_all(&f->head.value);
       futex::wake_all(&f->tail.value);
     }
+    futex::wake_all(&seg->doorbell.value);
   }
 }
 

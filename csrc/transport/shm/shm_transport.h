@@ -25,6 +25,9 @@ struct ShmConfig {
   size_t slot_bytes = 256 << 10;          // payload bytes of one slot (= largest slice)
   uint32_t nslots = 4;                    // slots per FIFO (>= 2): how far a sender may run ahead
   std::chrono::microseconds spin{20};     // spin this long before sleeping on a futex
+  // Ring the peer's doorbell on every send_end / recv_end. Costs one more atomic per message, so
+  // only the point-to-point transport, whose engine waits on all peers at once, turns it on.
+  bool doorbells = false;
 };
 
 class ShmTransport final : public Transport {
@@ -46,6 +49,11 @@ class ShmTransport final : public Transport {
   void send_end(int peer, const MsgHeader& hdr) override;
   const void* recv_begin(int peer, MsgHeader* hdr, const OpContext& op, const Deadline& dl) override;
   void recv_end(int peer) override;
+  void* try_send_begin(int peer) override;
+  const void* try_recv_begin(int peer, MsgHeader* hdr) override;
+  uint32_t doorbell() const override;
+  void ring_doorbell() override;
+  void wait_doorbell(uint32_t seen, std::chrono::nanoseconds at_most) override;
 
   void abort_group(const std::string& why) override;
   std::string abort_reason() const override;
@@ -71,6 +79,7 @@ class ShmTransport final : public Transport {
   // Who is missing, for a timeout while waiting for `peer` in `op`: a sentence.
   std::string diagnose(int peer, const OpContext& op) const;
   void check_peer(int peer, const char* what) const;
+  void ring(int owner);
   void unmap_all();
 
   int rank_;
