@@ -73,6 +73,9 @@ cxx_flags = [
     "-Wall",
     "-Wno-unused-parameter",
     f'-DRINGREDUCE_TORCH_VERSION="{torch.__version__}"',
+    # Numeric, for the few c10d hooks whose signature is newer than some torch we build against.
+    "-DRINGREDUCE_TORCH_MINOR=%d" % (int(torch.__version__.split(".")[0]) * 100
+                                     + int(torch.__version__.split(".")[1])),
 ]
 
 class BuildExt(cpp_extension.BuildExtension.with_options(use_ninja=True)):

@@ -94,6 +94,37 @@ void RingBackend::setTimeout(std::chrono::milliseconds timeout) {
   timeout_ = timeout;
 }
 
+c10::intrusive_ptr<c10d::Backend::Options> RingBackend::getBackendOptions() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return c10::make_intrusive<c10d::Backend::Options>("ringreduce", timeout_);
+}
+
+#if !defined(RINGREDUCE_TORCH_MINOR) || RINGREDUCE_TORCH_MINOR >= 208
+c10::intrusive_ptr<c10d::Backend> RingBackend::split(
+    const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
+    const c10::intrusive_ptr<c10d::Backend::Options>& opts) {
+  for (int r : ranks) {
+    if (r < 0 || r >= size_) {
+      fail(detail::cat("ringreduce split: rank ", rank_, ": rank ", r,
+                       " is not in the parent group (of ", size_, ")"));
+    }
+  }
+  // Numbered in ascending order of their rank here, as torch's split_group registers them.
+  std::vector<int> sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
+  const auto it = std::find(sorted.begin(), sorted.end(), rank_);
+  if (it == sorted.end()) return nullptr;
+  // `store` is scoped to the new group by torch.
+  std::chrono::milliseconds timeout;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    timeout = opts ? opts->timeout : timeout_;
+  }
+  return c10::make_intrusive<RingBackend>(store, static_cast<int>(it - sorted.begin()),
+                                          static_cast<int>(ranks.size()), timeout);
+}
+#endif
+
 uint64_t RingBackend::getSequenceNumberForGroup() {
   std::lock_guard<std::mutex> lock(mu_);
   return next_seq_;

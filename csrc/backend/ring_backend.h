@@ -93,6 +93,16 @@ class RingBackend final : public c10d::Backend {
       std::vector<std::vector<at::Tensor>>& output_lists, std::vector<at::Tensor>& inputs,
       const c10d::AllgatherOptions& opts) override;
 
+  // Splitting: ProcessGroup.split_group (and dist.split_group where torch allows it) makes a
+  // ringreduce group of the listed ranks from this one; ranks not listed get none.
+  bool supportsSplitting() const override { return true; }
+  c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override;
+#if !defined(RINGREDUCE_TORCH_MINOR) || RINGREDUCE_TORCH_MINOR >= 208
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store,
+                                          const std::vector<int>& ranks,
+                                          const c10::intrusive_ptr<c10d::Backend::Options>& opts) override;
+#endif
+
   void setTimeout(std::chrono::milliseconds timeout) override;
   uint64_t getSequenceNumberForGroup() override;
   void setSequenceNumberForGroup() override {}  // starts at 0 on every rank already
