@@ -428,8 +428,14 @@ def _rank_large_alltoall(ctx):
     dist.all_to_all_single(out, inp)
     want = torch.cat([torch.arange(count * r, count * (r + 1), dtype=torch.float32) + q * 0.5
                       for q in range(n)])
-    return ([] if torch.equal(out, want) else ["large all_to_all_single: wrong"]), {}
+    failures = [] if torch.equal(out, want) else ["large all_to_all_single: wrong"]
+    for root in range(n):
+        b = inp.clone() if r == root else torch.zeros_like(inp)
+        dist.broadcast(b, src=root)
+        if not torch.equal(b, torch.arange(count * n, dtype=torch.float32) + root * 0.5):
+            failures.append(f"large broadcast from {root}: wrong")
+    return failures, {}
 
 
-def test_large_alltoall(ranks):
+def test_large_alltoall_and_broadcast(ranks):
     harness.check_results(ranks(2).run(_rank_large_alltoall, timeout=120))

@@ -15,10 +15,11 @@ namespace {
 // all-reduce of 64 MiB took 5.7-6.3 ms streamed and 4.5 ms plain, 16 MiB 1.5 ms and 0.9 ms,
 // because the caller usually reads its result soon, and plain stores leave part of it in L3.
 constexpr bool kStreamOutputs = false;
-// All-to-all is different: nothing of its output is read again inside the op, and an output of
-// this size does not stay in L3 anyway. Measured on the development machine, 2 ranks, 64 MiB:
-// busbw 4.1-4.6 GB/s plain, 4.9-5.3 with its own block copied last, 7.1-7.5 also streamed.
-constexpr size_t kStreamAllToAllBytes = 16u << 20;
+// All-to-all and broadcast are different: they only copy, nothing of their output is read again
+// inside the op, and an output of this size does not stay in L3 anyway. Measured on the
+// development machine, 2 ranks, 64 MiB: all-to-all busbw 4.1-4.6 GB/s plain, 4.9-5.3 with its own
+// block copied last, 7.1-7.5 also streamed; broadcast 16-18 GB/s plain, 25-30 streamed.
+constexpr size_t kStreamLargeOutputBytes = 16u << 20;
 
 size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
@@ -333,7 +334,7 @@ void Ring::alltoall(const Chunks& in, const std::vector<size_t>& send_counts, co
            send_counts[r], " elements to itself but expects to receive ", recv_counts[r]);
   size_t out_bytes = 0;
   for (size_t c : recv_counts) out_bytes += c * es;
-  const bool streaming = out_bytes >= kStreamAllToAllBytes;
+  const bool streaming = out_bytes >= kStreamLargeOutputBytes;
   const size_t slice = std::max<size_t>(1, slice_bytes_ / es);
   // Round s pairs every rank with the rank s ahead (to send) and s behind (to receive), so each
   // FIFO has exactly one sender and one receiver at a time. Sends and receives alternate slice by
@@ -387,7 +388,7 @@ void Ring::broadcast(void* buf_ptr, size_t count, DType t, int root, const OpCon
   const int pos = (rank_ - root + n) % n;  // distance from the root along the chain
   const size_t slice = std::max<size_t>(1, slice_bytes_ / es);
   const size_t nslices = std::max<size_t>(1, ceil_div(count, slice));
-  const bool streaming = kStreamOutputs;
+  const bool streaming = kStreamOutputs || count * es >= kStreamLargeOutputBytes;
   const MsgHeader fp = fingerprint(ctx, OpKind::Broadcast, count, t, 0, root);
 
   for (size_t j = 0; j < nslices; ++j) {
