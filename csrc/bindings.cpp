@@ -5,6 +5,7 @@
 #include <torch/python.h>
 
 #include "backend/ring_backend.h"
+#include "bucket/buckets.h"
 
 namespace py = pybind11;
 
@@ -25,6 +26,29 @@ PYBIND11_MODULE(_C, m) {
           "spin_us", [](const ringreduce::RingBackend& b) { return b.config().spin.count(); })
       .def("linked_segments", &ringreduce::RingBackend::linked_segments,
            "Shared-memory segments of this group still linked in /dev/shm (empty once set up).");
+
+  // Gradient buckets of ringreduce.DistributedDataParallel (see bucket/buckets.h).
+  using ringreduce::Buckets;
+  py::class_<Buckets>(m, "Buckets")
+      .def(py::init<std::vector<at::Tensor>, int64_t, int64_t>(), py::arg("params"),
+           py::arg("first_bucket_bytes"), py::arg("bucket_bytes"))
+      .def_property_readonly("num_buckets", &Buckets::num_buckets)
+      .def_property_readonly("num_params", &Buckets::num_params)
+      .def("buffer", &Buckets::buffer, py::arg("bucket"))
+      .def("set_buffer", &Buckets::set_buffer, py::arg("bucket"), py::arg("tensor"))
+      .def("params_of", &Buckets::params_of, py::arg("bucket"))
+      .def("views_of", &Buckets::views_of, py::arg("bucket"))
+      .def("bucket_of", &Buckets::bucket_of, py::arg("param"))
+      .def("view", &Buckets::view, py::arg("param"))
+      .def("prepare", &Buckets::prepare, py::arg("scale"), py::arg("unused"))
+      .def("mark_ready", &Buckets::mark_ready, py::arg("param"), py::arg("grad_as_view"))
+      .def("mark_unused", &Buckets::mark_unused, py::arg("param"))
+      .def_property_readonly("num_ready", &Buckets::num_ready)
+      .def("pending_params", &Buckets::pending_params)
+      .def_property_readonly("all_started", &Buckets::all_started)
+      .def_property_readonly("in_iteration", &Buckets::in_iteration)
+      .def("ready_when_started", &Buckets::ready_when_started)
+      .def("write_back", &Buckets::write_back, py::arg("used"), py::arg("grad_as_view"));
 
   m.attr("built_with_cuda") = false;
   // The torch this extension was compiled against (setup.py passes it): its C++ ABI is not stable

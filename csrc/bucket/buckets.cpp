@@ -1,0 +1,225 @@
+#include "bucket/buckets.h"
+
+#include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
+
+#include <map>
+#include <tuple>
+
+namespace ringreduce {
+
+Buckets::Buckets(std::vector<at::Tensor> params, int64_t first_bucket_bytes, int64_t bucket_bytes)
+    : params_(std::move(params)) {
+  TORCH_CHECK(first_bucket_bytes > 0 && bucket_bytes > 0,
+              "ringreduce DistributedDataParallel: bucket sizes must be positive, got ",
+              first_bucket_bytes, " and ", bucket_bytes);
+  const int64_t n = num_params();
+  for (int64_t p = 0; p < n; ++p) {
+    const at::Tensor& t = params_[p];
+    TORCH_CHECK(t.defined() && t.layout() == at::kStrided,
+                "ringreduce DistributedDataParallel: parameter ", p, " is not a dense tensor");
+  }
+  // Open buckets per (dtype, device), filled in reverse parameter order. A bucket closes when
+  // the next parameter would take it past its limit: the first bucket of each kind is small.
+  struct Open {
+    std::vector<int64_t> params;
+    int64_t bytes = 0;
+    bool first = true;
+  };
+  std::map<std::tuple<int, int, int>, Open> open;
+  std::vector<std::tuple<int, int, int>> order;  // kinds in the order first seen
+  std::vector<std::vector<int64_t>> assigned;
+  auto close = [&assigned](Open& o) {
+    if (!o.params.empty()) assigned.push_back(std::move(o.params));
+    o.params.clear();
+    o.bytes = 0;
+    o.first = false;
+  };
+  for (int64_t p = n - 1; p >= 0; --p) {
+    const at::Tensor& t = params_[p];
+    const auto key = std::make_tuple(static_cast<int>(t.scalar_type()),
+                                     static_cast<int>(t.device().type()),
+                                     static_cast<int>(t.device().index()));
+    auto [it, fresh] = open.try_emplace(key);
+    if (fresh) order.push_back(key);
+    Open& o = it->second;
+    const int64_t bytes = t.numel() * t.element_size();
+    const int64_t limit = o.first ? first_bucket_bytes : bucket_bytes;
+    if (!o.params.empty() && o.bytes + bytes > limit) close(o);
+    o.params.push_back(p);
+    o.bytes += bytes;
+  }
+  for (const auto& key : order) close(open[key]);
+
+  bucket_of_.assign(n, -1);
+  views_.resize(n);
+  for (auto& ps : assigned) {
+    Bucket b;
+    int64_t elems = 0;
+    for (int64_t p : ps) {
+      b.offsets.push_back(elems);
+      elems += params_[p].numel();
+    }
+    // Owned here; zeroed so that a parameter that never gets a gradient contributes nothing.
+    b.buffer = at::zeros({elems}, params_[ps.front()].options().requires_grad(false));
+    b.params = std::move(ps);
+    buckets_.push_back(std::move(b));
+    const int64_t id = num_buckets() - 1;
+    for (int64_t p : buckets_.back().params) bucket_of_[p] = id;
+    rebuild_views(id);
+  }
+  ready_.assign(n, 0);
+}
+
+void Buckets::rebuild_views(int64_t b) {
+  Bucket& bk = buckets_[b];
+  for (size_t i = 0; i < bk.params.size(); ++i) {
+    const at::Tensor& p = params_[bk.params[i]];
+    views_[bk.params[i]] = bk.buffer.narrow(0, bk.offsets[i], p.numel()).view(p.sizes());
+  }
+}
+
+const at::Tensor& Buckets::buffer(int64_t b) const {
+  TORCH_CHECK(b >= 0 && b < num_buckets(), "ringreduce DistributedDataParallel: no bucket ", b);
+  return buckets_[b].buffer;
+}
+
+const std::vector<int64_t>& Buckets::params_of(int64_t b) const {
+  TORCH_CHECK(b >= 0 && b < num_buckets(), "ringreduce DistributedDataParallel: no bucket ", b);
+  return buckets_[b].params;
+}
+
+std::vector<at::Tensor> Buckets::views_of(int64_t b) const {
+  std::vector<at::Tensor> out;
+  for (int64_t p : params_of(b)) out.push_back(views_[p]);
+  return out;
+}
+
+int64_t Buckets::bucket_of(int64_t p) const {
+  TORCH_CHECK(p >= 0 && p < num_params(), "ringreduce DistributedDataParallel: no parameter ", p);
+  return bucket_of_[p];
+}
+
+const at::Tensor& Buckets::view(int64_t p) const {
+  TORCH_CHECK(p >= 0 && p < num_params(), "ringreduce DistributedDataParallel: no parameter ", p);
+  return views_[p];
+}
+
+void Buckets::set_buffer(int64_t b, const at::Tensor& t) {
+  const at::Tensor& old = buffer(b);
+  TORCH_CHECK(t.defined() && t.dim() == 1 && t.numel() == old.numel() &&
+                  t.scalar_type() == old.scalar_type() && t.device() == old.device() &&
+                  t.is_contiguous(),
+              "ringreduce DistributedDataParallel: set_buffer for bucket ", b, " needs a contiguous ",
+              old.scalar_type(), " tensor of ", old.numel(), " elements on ", old.device());
+  buckets_[b].buffer = t;
+  rebuild_views(b);
+}
+
+std::vector<int64_t> Buckets::prepare(double scale, const std::vector<int64_t>& unused) {
+  scale_ = scale;
+  in_iteration_ = true;
+  ready_.assign(params_.size(), 0);
+  ready_count_ = 0;
+  next_start_ = 0;
+  ready_when_started_.clear();
+  for (Bucket& b : buckets_) {
+    b.pending = static_cast<int64_t>(b.params.size());
+    b.complete = false;
+  }
+  std::vector<int64_t> start;
+  for (int64_t p : unused) {
+    for (int64_t b : mark_unused(p)) start.push_back(b);
+  }
+  for (int64_t b : start_ready_buckets()) start.push_back(b);
+  return start;
+}
+
+void Buckets::check_can_mark(int64_t p) const {
+  TORCH_CHECK(in_iteration_, "ringreduce DistributedDataParallel: a gradient arrived outside of a "
+              "synchronised backward (was forward run under no_grad or without the wrapper?)");
+  TORCH_CHECK(p >= 0 && p < num_params(), "ringreduce DistributedDataParallel: no parameter ", p);
+  TORCH_CHECK(!ready_[p], "ringreduce DistributedDataParallel: parameter ", p,
+              " got its gradient twice in one iteration (a second backward through the same "
+              "forward, or the parameter is used by two wrapped modules); call forward again "
+              "before each backward, or use no_sync()");
+}
+
+std::vector<int64_t> Buckets::mark_unused(int64_t p) {
+  check_can_mark(p);
+  at::NoGradGuard no_grad;
+  views_[p].zero_();
+  ready_[p] = 1;
+  ++ready_count_;
+  Bucket& b = buckets_[bucket_of_[p]];
+  if (--b.pending == 0) b.complete = true;
+  return start_ready_buckets();
+}
+
+std::vector<int64_t> Buckets::mark_ready(int64_t p, bool grad_as_view) {
+  check_can_mark(p);
+  ready_[p] = 1;
+  ++ready_count_;
+  at::Tensor& param = params_[p];
+  const at::Tensor& view = views_[p];
+  at::NoGradGuard no_grad;
+  const at::Tensor grad = param.grad();
+  if (!grad.defined()) {
+    view.zero_();
+  } else if (grad.is_same(view)) {
+    // Already the bucket's view (gradient_as_bucket_view): scale in place.
+    if (scale_ != 1.0) view.mul_(scale_);
+  } else if (scale_ != 1.0) {
+    at::Tensor out = view;
+    at::mul_out(out, grad, scale_);  // copy and scale in one pass
+  } else {
+    view.copy_(grad);
+  }
+  if (grad_as_view && !grad.is_same(view)) param.mutable_grad() = view;
+  Bucket& b = buckets_[bucket_of_[p]];
+  if (--b.pending == 0) b.complete = true;
+  return start_ready_buckets();
+}
+
+std::vector<int64_t> Buckets::start_ready_buckets() {
+  std::vector<int64_t> start;
+  while (next_start_ < num_buckets() && buckets_[next_start_].complete) {
+    ready_when_started_.push_back(ready_count_);
+    start.push_back(next_start_++);
+  }
+  return start;
+}
+
+std::vector<int64_t> Buckets::pending_params() const {
+  std::vector<int64_t> out;
+  if (!in_iteration_) return out;
+  for (int64_t p = 0; p < num_params(); ++p) {
+    if (!ready_[p]) out.push_back(p);
+  }
+  return out;
+}
+
+void Buckets::write_back(const std::vector<uint8_t>& used, bool grad_as_view) {
+  TORCH_CHECK(used.empty() || used.size() == params_.size(),
+              "ringreduce DistributedDataParallel: write_back got ", used.size(), " flags for ",
+              params_.size(), " parameters");
+  at::NoGradGuard no_grad;
+  for (int64_t p = 0; p < num_params(); ++p) {
+    if (!used.empty() && !used[p]) continue;
+    at::Tensor& param = params_[p];
+    const at::Tensor& view = views_[p];
+    at::Tensor grad = param.grad();
+    if (grad_as_view) {
+      if (!grad.is_same(view)) param.mutable_grad() = view;
+    } else if (grad.defined()) {
+      grad.copy_(view);
+    } else {
+      // Reduced from other ranks' gradients only: a tensor of its own, not the bucket's memory,
+      // which the next iteration overwrites.
+      param.mutable_grad() = view.clone();
+    }
+  }
+  in_iteration_ = false;
+}
+
+}  // namespace ringreduce

@@ -1,0 +1,253 @@
+"""ringreduce.DistributedDataParallel against torch's DDP (issue 4).
+
+Parity: the same model, data and seed trained for 20 steps under ringreduce's wrapper and under
+torch's DDP, on the same process group (the backend under test), in the same ranks; parameters
+must match within the tolerance per dtype (TOL in test_ddp) and be bit-identical across ranks
+(the harness compares digests). The initial weights differ per rank: the wrapper must broadcast
+rank 0's. Then: the bucket layout, overlap (recorded, not timed), unused parameters with and
+without find_unused_parameters, mismatched models, state_dict interchange with torch's DDP.
+"""
+
+import pytest
+
+import harness
+from test_ddp import BATCH, D_IN, D_OUT, MOVED, STEPS, TOL, _batch, _bf16_compress_hook, _build, _flat, _mismatch
+
+# name -> options (as in test_ddp): "ddp" kwargs for both wrappers, "hook" per wrapper.
+CONFIGS = {
+    "default": {},
+    "small_buckets": {"ddp": {"bucket_cap_mb": 0.002}, "min_buckets": 3},
+    "find_unused": {"ddp": {"find_unused_parameters": True}, "skip_every": 3},
+    "static_graph": {"ddp": {"static_graph": True}, "optim": "adam"},
+    "no_sync": {"micro": 2},
+    "grad_as_bucket_view": {"ddp": {"gradient_as_bucket_view": True, "bucket_cap_mb": 0.002},
+                            "min_buckets": 3},
+    "grad_as_bucket_view_no_sync": {"ddp": {"gradient_as_bucket_view": True}, "micro": 3,
+                                    "set_to_none": True},
+    "batchnorm": {"batchnorm": True},
+    "fp16_hook": {"hook": "fp16", "tol": "fp16_hook"},
+    "bf16_hook": {"hook": "bf16", "tol": "bf16_hook"},
+    "torch_fp16_hook": {"hook": "torch_fp16", "tol": "fp16_hook"},
+    "powersgd": {"hook": "powersgd", "tol": "powersgd"},
+    "float64": {"dtype": "float64", "tol": "float64"},
+    "bfloat16": {"dtype": "bfloat16", "tol": "bfloat16"},
+}
+
+
+def _train(ctx, name, cfg, which, failures, tag):
+    """Train under `which` ("ringreduce" or "torch") DDP on the default group; returns
+    (rank 0's initial flat weights, final flat weights, the wrapper)."""
+    import contextlib
+
+    import torch
+    import torch.nn.functional as F
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+    from torch.nn.parallel import DistributedDataParallel as TorchDDP
+
+    import ringreduce
+    from ringreduce import comm_hooks
+
+    dtype = cfg.get("dtype", "float32")
+    bn = cfg.get("batchnorm", False)
+    init0 = _flat(_build(ctx, name, 0, dtype, bn))
+    model = _build(ctx, name, ctx.rank, dtype, bn)
+    cls = ringreduce.DistributedDataParallel if which == "ringreduce" else TorchDDP
+    ddp = cls(model, **cfg.get("ddp", {}))
+    if not torch.equal(_flat(model), init0):
+        failures.append(f"{tag}: after construction the weights are not rank 0's")
+    hook = cfg.get("hook")
+    if hook == "fp16":
+        ddp.register_comm_hook(None, comm_hooks.fp16_compress_hook if which == "ringreduce"
+                               else default_hooks.fp16_compress_hook)
+    elif hook == "bf16":
+        ddp.register_comm_hook(None, comm_hooks.bf16_compress_hook if which == "ringreduce"
+                               else _bf16_compress_hook)
+    elif hook == "torch_fp16":  # torch's own hook on both wrappers
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif hook == "powersgd":
+        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1,
+                                            start_powerSGD_iter=2)
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    if cfg.get("optim") == "adam":
+        opt = torch.optim.Adam(ddp.parameters(), lr=1e-2)
+    else:
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    micro = cfg.get("micro", 1)
+    skip_every = cfg.get("skip_every")
+    for step in range(STEPS):
+        for m in range(micro):
+            sync = contextlib.nullcontext() if m == micro - 1 else ddp.no_sync()
+            with sync:
+                x, y = _batch(ctx, name, step, m, ctx.rank, dtype)
+                skip = skip_every is not None and step % skip_every == 1
+                out = ddp(x, skip=skip) if skip_every else ddp(x)
+                F.mse_loss(out, y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=cfg.get("set_to_none", False))
+    if bn:
+        ddp.eval()
+        with torch.no_grad():
+            ddp(_batch(ctx, name, STEPS, 0, ctx.rank, dtype)[0])
+    return init0, _flat(model), ddp
+
+
+def _rank_parity(ctx, name):
+    cfg = CONFIGS[name]
+    tol = TOL[cfg.get("tol", cfg.get("dtype", "float32"))]
+    failures, digests = [], {}
+    tag = f"ringreduce DDP {name} world={ctx.world_size} on {ctx.backend}"
+    init0, ours, ddp = _train(ctx, name, cfg, "ringreduce", failures, tag)
+    _, theirs, _ = _train(ctx, name, cfg, "torch", failures, f"torch DDP {name}")
+    msg = _mismatch(ours, theirs, tol)
+    if msg:
+        failures.append(f"{tag}: vs torch's DDP: {msg}")
+    if _mismatch(theirs, init0, MOVED) is None:
+        failures.append(f"{tag}: training moved no weight by more than {MOVED}; the comparison is vacuous")
+    buckets = len(ddp.bucket_assignment())
+    if buckets < cfg.get("min_buckets", 1):
+        failures.append(f"{tag}: {buckets} buckets, expected at least {cfg.get('min_buckets', 1)}")
+    digests[f"{tag} final weights"] = harness.digest(ours)
+    return failures, digests
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_parity_with_torch_ddp(ranks, name):
+    harness.check_results(ranks(2).run(_rank_parity, name, timeout=90))
+
+
+@pytest.mark.parametrize("name", ["default", "find_unused", "fp16_hook"])
+def test_parity_with_torch_ddp_world4(ranks, name):
+    harness.check_results(ranks(4).run(_rank_parity, name, timeout=90))
+
+
+def _rank_buckets_and_overlap(ctx):
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    import ringreduce
+
+    failures = []
+    torch.manual_seed(1)
+    # A heavy first layer (its backward comes last) and light later ones: the light layers'
+    # bucket is reduced while backward still works on the heavy one.
+    model = nn.Sequential(nn.Linear(512, 1024), nn.Tanh(), nn.Linear(1024, 1024), nn.Tanh(),
+                          nn.Linear(1024, 64), nn.Tanh(), nn.Linear(64, 8))
+    ddp = ringreduce.DistributedDataParallel(model, bucket_cap_mb=2)
+    names = ddp.bucket_assignment()
+    # Reverse order, small first bucket (1 MiB) then up to 2 MiB.
+    flat = [n for bucket in names for n in bucket]
+    want_order = [n for n, _ in reversed(list(model.named_parameters()))]
+    if flat != want_order:
+        failures.append(f"bucket order {flat} is not reverse parameter order")
+    sizes = [sum(dict(model.named_parameters())[n].numel() * 4 for n in b) for b in names]
+    if any(s > 2 << 20 and len(b) > 1 for s, b in zip(sizes, names)) or len(names) < 3:
+        failures.append(f"bucket sizes {sizes} for {names}")
+    for step in range(3):
+        x = torch.randn(256, 512, generator=ctx.gen("x", step, rank=ctx.rank))
+        F.mse_loss(ddp(x), torch.zeros(256, 8)).backward()
+        rec = ddp.overlap_record()
+        if min(rec["ready_when_started"]) >= rec["params"]:
+            failures.append(f"step {step}: no bucket started before the last gradient: {rec}")
+        if rec["completed_before_last_gradient"] < 1:
+            failures.append(f"step {step}: no all-reduce completed before the last gradient: {rec}")
+    return failures, {}
+
+
+def test_bucket_layout_and_overlap(ranks):
+    harness.check_results(ranks(2).run(_rank_buckets_and_overlap, timeout=90))
+
+
+def _rank_unused_and_errors(ctx):
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    import ringreduce
+
+    failures = []
+
+    class TwoHeads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Linear(8, 8)
+            self.head_a = nn.Linear(8, 2)
+            self.head_b = nn.Linear(8, 2)
+            self.never = nn.Linear(8, 2)
+
+        def forward(self, x, head):
+            h = self.body(x)
+            return self.head_a(h) if head == "a" else self.head_b(h)
+
+    torch.manual_seed(0)
+    # Without find_unused_parameters: a clear error naming what got no gradient, on every rank.
+    ddp = ringreduce.DistributedDataParallel(TwoHeads())
+    try:
+        F.mse_loss(ddp(torch.randn(4, 8), "a"), torch.zeros(4, 2)).backward()
+        failures.append("backward with unused parameters and find_unused_parameters=False did not fail")
+    except RuntimeError as e:
+        for name in ("head_b.weight", "never.weight", "find_unused_parameters"):
+            if name not in str(e):
+                failures.append(f"unused-parameter error does not name {name}: {e}")
+    # The group is still usable and in step afterwards.
+    t = torch.ones(3)
+    torch.distributed.all_reduce(t)
+    if not torch.equal(t, torch.full((3,), float(ctx.world_size))):
+        failures.append("all_reduce after the unused-parameter error is wrong")
+
+    # With it: ranks use different heads; a head used on one rank gets that rank's gradient
+    # averaged; the layer no rank uses keeps grad None.
+    model = TwoHeads()
+    ddp = ringreduce.DistributedDataParallel(model, find_unused_parameters=True)
+    ref = TwoHeads()
+    ref.load_state_dict(model.state_dict())
+    xs = [torch.randn(4, 8, generator=ctx.gen("u", rank=q)) for q in range(ctx.world_size)]
+    head = "a" if ctx.rank == 0 else "b"
+    F.mse_loss(ddp(xs[ctx.rank], head), torch.zeros(4, 2), reduction="sum").backward()
+    # The reference: every rank's loss in one process, divided by the world size.
+    loss = sum(F.mse_loss(ref(xs[q], "a" if q == 0 else "b"), torch.zeros(4, 2), reduction="sum")
+               for q in range(ctx.world_size)) / ctx.world_size
+    loss.backward()
+    for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        if (p.grad is None) != (q.grad is None):
+            failures.append(f"find_unused: {n}.grad is {p.grad is None and 'None' or 'set'}, "
+                            f"reference {q.grad is None and 'None' or 'set'}")
+        elif p.grad is not None and not torch.allclose(p.grad, q.grad, rtol=1e-5, atol=1e-6):
+            failures.append(f"find_unused: {n}.grad differs from the single-process reference")
+
+    # Models that differ across ranks fail at construction, naming the first difference.
+    width = 8 if ctx.rank == 0 else 9
+    try:
+        ringreduce.DistributedDataParallel(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, width)))
+        failures.append("mismatched models did not fail at construction")
+    except RuntimeError as e:
+        if "1.weight" not in str(e) or "rank 0" not in str(e):
+            failures.append(f"mismatch error does not name the parameter and rank 0: {e}")
+    return failures, {}
+
+
+def test_unused_parameters_and_errors(ranks):
+    harness.check_results(ranks(2).run(_rank_unused_and_errors, timeout=90))
+
+
+def _rank_state_dict(ctx):
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as TorchDDP
+
+    import ringreduce
+
+    failures = []
+    ours = ringreduce.DistributedDataParallel(_build(ctx, "sd", ctx.rank, "float32"))
+    theirs = TorchDDP(_build(ctx, "sd2", ctx.rank, "float32"))
+    if list(ours.state_dict()) != list(theirs.state_dict()):
+        failures.append(f"state_dict keys {list(ours.state_dict())} != torch's {list(theirs.state_dict())}")
+    theirs.load_state_dict(ours.state_dict())
+    ours2 = ringreduce.DistributedDataParallel(_build(ctx, "sd3", ctx.rank, "float32"))
+    ours2.load_state_dict(theirs.state_dict())
+    if not torch.equal(_flat(ours2.module), _flat(ours.module)):
+        failures.append("a checkpoint did not survive ringreduce -> torch -> ringreduce")
+    return failures, {}
+
+
+def test_state_dict_moves_between_wrappers(ranks):
+    harness.check_results(ranks(2).run(_rank_state_dict, timeout=60))
