@@ -18,7 +18,8 @@ BENCH_ARGS ?=
 PYTEST_ARGS ?=
 
 PY := $(VENV)/bin/python
-DEPS_STAMP := $(VENV)/.deps-torch-$(TORCH_VERSION)
+DEPS_REV := 2# bump when the list of packages below changes, so existing .venvs get them
+DEPS_STAMP := $(VENV)/.deps-torch-$(TORCH_VERSION)-$(DEPS_REV)
 BUILD_STAMP := $(VENV)/.built
 SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.h' -o -name '*.cu') setup.py pyproject.toml
 
@@ -31,7 +32,7 @@ setup: $(DEPS_STAMP)
 $(DEPS_STAMP):
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"
-	$(PY) -m pip install --quiet pybind11 ninja pytest numpy setuptools wheel
+	$(PY) -m pip install --quiet pybind11 ninja pytest numpy scikit-learn setuptools wheel
 	rm -f $(VENV)/.deps-torch-* $(BUILD_STAMP)
 	touch $@
 
