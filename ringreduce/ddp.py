@@ -26,6 +26,7 @@ It works over any process group: ``ringreduce``, ``gloo`` or another.
 from __future__ import annotations
 
 import contextlib
+import time
 import weakref
 from typing import Any, Callable
 
@@ -194,6 +195,7 @@ class DistributedDataParallel(nn.Module):
         # For the overlap test: at each bucket start, how many of its started predecessors had
         # already completed their all-reduce when the last gradient arrived.
         self._completed_before_last_grad = 0
+        self._waited_s = 0.0  # time the end of the last backward waited for its all-reduces
 
         this = weakref.ref(self)
 
@@ -366,6 +368,7 @@ class DistributedDataParallel(nn.Module):
                 flags[torch.tensor(self._locally_unused, dtype=torch.long)] = 0
             dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.process_group)
             used = flags.to(torch.uint8).tolist()
+        t0 = time.perf_counter()
         for b, handle in self._pending:
             if isinstance(handle, _FUTURES):
                 value = handle.wait()
@@ -378,6 +381,7 @@ class DistributedDataParallel(nn.Module):
             else:
                 handle.wait()
         self._pending = []
+        self._waited_s = time.perf_counter() - t0
         self._buckets.write_back(used, self.gradient_as_bucket_view)
         self._iterations += 1
 
@@ -391,11 +395,12 @@ class DistributedDataParallel(nn.Module):
     def overlap_record(self) -> dict:
         """What the last iteration did while backward ran: for each bucket, how many gradients
         were in when its all-reduce started, and how many all-reduces had already completed when
-        the last gradient arrived."""
+        the last gradient arrived, and how long the end of backward waited for the rest."""
         return {
             "params": len(self._params),
             "ready_when_started": list(self._buckets.ready_when_started()),
             "completed_before_last_gradient": self._completed_before_last_grad,
+            "waited_s": self._waited_s,
         }
 
 
