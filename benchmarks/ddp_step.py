@@ -118,6 +118,7 @@ def _rank(rank, world, store, args):
         _report(args, world, nparams, dict(zip(setups, mine[:n].tolist())),
                 dict(zip(wait_names, mine[n:n + len(wait_names)].tolist())),
                 {"ringreduce": mine[-2].item(), "gloo": mine[-1].item()}, record)
+    dist.barrier(group=gloo)  # every rank done with every group before any tears one down
     dist.destroy_process_group()
 
 

@@ -267,7 +267,7 @@ def test_ddp_step_benchmark_runs(backend):
         pytest.skip("the DDP benchmark compares ringreduce with gloo; nothing to stand in for")
     p = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "ddp_step.py"), "--hidden", "256",
                         "--width-in", "64", "--batch", "4", "--steps", "1", "--rounds", "2", "--warmup", "1"],
-                       capture_output=True, text=True, timeout=180)
+                       capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, f"stdout:\n{p.stdout[-3000:]}\nstderr:\n{p.stderr[-6000:]}"
     for setup in ("ringreduce DDP ", "ringreduce DDP, views", "torch DDP / rr", "torch DDP / gloo", "no comm"):
         assert re.search(rf"^{re.escape(setup)}\s+[\d.]+\s+\d+\s+[\d.]+x", p.stdout, re.M), p.stdout
