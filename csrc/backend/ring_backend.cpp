@@ -95,8 +95,7 @@ void RingBackend::setTimeout(std::chrono::milliseconds timeout) {
 }
 
 c10::intrusive_ptr<c10d::Backend::Options> RingBackend::getBackendOptions() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return c10::make_intrusive<c10d::Backend::Options>("ringreduce", timeout_);
+  return c10::make_intrusive<c10d::Backend::Options>("ringreduce", current_timeout());
 }
 
 #if !defined(RINGREDUCE_TORCH_MINOR) || RINGREDUCE_TORCH_MINOR >= 208
@@ -115,15 +114,16 @@ c10::intrusive_ptr<c10d::Backend> RingBackend::split(
   const auto it = std::find(sorted.begin(), sorted.end(), rank_);
   if (it == sorted.end()) return nullptr;
   // `store` is scoped to the new group by torch.
-  std::chrono::milliseconds timeout;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    timeout = opts ? opts->timeout : timeout_;
-  }
+  const std::chrono::milliseconds timeout = opts ? opts->timeout : current_timeout();
   return c10::make_intrusive<RingBackend>(store, static_cast<int>(it - sorted.begin()),
                                           static_cast<int>(ranks.size()), timeout);
 }
 #endif
+
+std::chrono::milliseconds RingBackend::current_timeout() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return timeout_;
+}
 
 uint64_t RingBackend::getSequenceNumberForGroup() {
   std::lock_guard<std::mutex> lock(mu_);
@@ -133,7 +133,7 @@ uint64_t RingBackend::getSequenceNumberForGroup() {
 void RingBackend::abort() {  // exit-ok: c10d's name; it ends the group, not the process
   transport_->abort_group(detail::cat("rank ", rank_, " aborted the process group"));
   queue_.cancel("the process group was aborted");
-  p2p_->abort(detail::cat("rank ", rank_, " aborted the process group"));
+  p2p_->cancel(detail::cat("rank ", rank_, " aborted the process group"));
 }
 
 void RingBackend::shutdown() {
@@ -801,14 +801,9 @@ c10::intrusive_ptr<c10d::Work> RingBackend::send(std::vector<at::Tensor>& tensor
   at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
   auto work = c10::make_intrusive<RingWork>(rank_, c10d::OpType::SEND, name, next_p2p_seq_++,
                                             std::vector<at::Tensor>{t}, queue_.state());
-  std::chrono::milliseconds timeout;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    timeout = timeout_;
-  }
   try {
     p2p_->send(buf.data_ptr(), buf.nbytes(), static_cast<uint8_t>(t.scalar_type()), dstRank, tag,
-               timeout, p2p_done(work, buf, buf));
+               current_timeout(), p2p_done(work, buf, buf));
   } catch (const std::exception& e) {
     fail(e.what());
   }
@@ -823,14 +818,9 @@ c10::intrusive_ptr<c10d::Work> RingBackend::p2p_recv(std::vector<at::Tensor>& te
   at::Tensor buf = t.is_contiguous() ? t : at::empty(t.sizes(), t.options());
   auto work = c10::make_intrusive<RingWork>(rank_, c10d::OpType::RECV, name, next_p2p_seq_++,
                                             std::vector<at::Tensor>{t}, queue_.state());
-  std::chrono::milliseconds timeout;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    timeout = timeout_;
-  }
   try {
     p2p_->recv(buf.data_ptr(), buf.nbytes(), static_cast<uint8_t>(t.scalar_type()), src, tag,
-               timeout, p2p_done(work, t, buf));
+               current_timeout(), p2p_done(work, t, buf));
   } catch (const std::exception& e) {
     fail(e.what());
   }

@@ -127,6 +127,7 @@ class RingBackend final : public c10d::Backend {
   Body allgather_body(const at::Tensor& output, const at::Tensor& input);
   Body allgather_list_body(const std::vector<at::Tensor>& outputs, const at::Tensor& input);
   int checked_root(int64_t root, const char* op) const;
+  std::chrono::milliseconds current_timeout();  // setTimeout may change it from another thread
   c10::intrusive_ptr<c10d::Work> p2p_recv(std::vector<at::Tensor>& tensors, int src, int tag,
                                           const char* op);
 

@@ -68,18 +68,7 @@ void P2p::send(const void* data, size_t bytes, uint8_t dtype, int peer, int tag,
   r->timeout = timeout;
   r->dl = Deadline::after(timeout);
   r->done = std::move(done);
-  std::unique_lock<std::mutex> lock(mu_);
-  RR_CHECK(!stopping_, describe(*r), ": the process group was shut down");
-  if (!broken_.empty()) {
-    const std::string why = broken_;
-    lock.unlock();
-    r->done(error_of(detail::cat(describe(*r), ": point-to-point is unusable: ", why)), peer);
-    return;
-  }
-  new_requests_.push_back(std::move(r));
-  start_locked();
-  lock.unlock();
-  t_.ring_doorbell();
+  submit(std::move(r));
 }
 
 void P2p::recv(void* data, size_t bytes, uint8_t dtype, int peer, int tag,
@@ -95,18 +84,22 @@ void P2p::recv(void* data, size_t bytes, uint8_t dtype, int peer, int tag,
   r->timeout = timeout;
   r->dl = Deadline::after(timeout);
   r->done = std::move(done);
+  submit(std::move(r));
+}
+
+void P2p::submit(Req r) {
   std::unique_lock<std::mutex> lock(mu_);
   RR_CHECK(!stopping_, describe(*r), ": the process group was shut down");
   if (!broken_.empty()) {
     const std::string why = broken_;
     lock.unlock();
-    r->done(error_of(detail::cat(describe(*r), ": point-to-point is unusable: ", why)), peer);
+    r->done(error_of(detail::cat(describe(*r), ": point-to-point is unusable: ", why)), r->peer);
     return;
   }
   new_requests_.push_back(std::move(r));
   start_locked();
   lock.unlock();
-  t_.ring_doorbell();
+  t_.ring_doorbell();  // the engine may be asleep
 }
 
 void P2p::start_locked() {
@@ -125,7 +118,7 @@ void P2p::shutdown() {
   stopped_ = true;
 }
 
-void P2p::abort(const std::string& why) {
+void P2p::cancel(const std::string& why) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;

@@ -70,7 +70,7 @@ class P2p {
   // still unmatched fail, and peers' sends this rank held unmatched are refused. Joins the thread.
   void shutdown();
   // Fails every request now with `why` and aborts the channel on every rank. Joins the thread.
-  void abort(const std::string& why);
+  void cancel(const std::string& why);
 
  private:
   struct Request;
@@ -99,6 +99,8 @@ class P2p {
     std::deque<Ready> unmatched;           // this peer's sends with no receive here yet
   };
 
+  // Hands a new request to the engine (or fails it at once if the channel is broken).
+  void submit(Req r);
   void start_locked();
   void run();
   // One pass over everything; true if anything moved.
