@@ -139,13 +139,41 @@ def _bf16_compress_hook(process_group, bucket):
     return default_hooks._compress_hook(torch.bfloat16, process_group, bucket)
 
 
+def _optimizer(cfg, ddp):
+    import torch
+
+    if cfg.get("optim") == "adam":
+        return torch.optim.Adam(ddp.parameters(), lr=1e-2)
+    return torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+
+
+def _train_steps(ctx, ddp, opt, name, cfg, dtype, steps):
+    """The loop every DDP configuration trains with: `micro` micro-batches per step, all but
+    the last under no_sync(); with `skip_every`, fc2 unused on some steps."""
+    import contextlib
+
+    import torch.nn.functional as F
+
+    micro = cfg.get("micro", 1)
+    skip_every = cfg.get("skip_every")
+    for step in range(steps):
+        for m in range(micro):
+            sync = contextlib.nullcontext() if m == micro - 1 else ddp.no_sync()
+            with sync:
+                x, y = _batch(ctx, name, step, m, ctx.rank, dtype)
+                skip = skip_every is not None and step % skip_every == 1
+                out = ddp(x, skip=skip) if skip_every else ddp(x)
+                F.mse_loss(out, y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=cfg.get("set_to_none", False))
+
+
 def _train_ddp(ctx, name, cfg, pg, failures, tag):
     """Train one configuration under DDP on process group ``pg``; returns
     (rank 0's initial flat weights, final flat weights and buffers, number of buckets)."""
     import contextlib
 
     import torch
-    import torch.nn.functional as F
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
     from torch.distributed.algorithms.join import Join
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -166,27 +194,12 @@ def _train_ddp(ctx, name, cfg, pg, failures, tag):
         state = powerSGD_hook.PowerSGDState(process_group=pg, matrix_approximation_rank=1,
                                             start_powerSGD_iter=2)
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
-    if cfg.get("optim") == "adam":
-        opt = torch.optim.Adam(ddp.parameters(), lr=1e-2)
-    else:
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-
-    micro = cfg.get("micro", 1)
-    skip_every = cfg.get("skip_every")
+    opt = _optimizer(cfg, ddp)
     # Join: rank r has 4*r fewer batches than rank 0.
     steps = STEPS - 4 * ctx.rank if cfg.get("join") else STEPS
     join = Join([ddp]) if cfg.get("join") else contextlib.nullcontext()
     with join:
-        for step in range(steps):
-            for m in range(micro):
-                sync = contextlib.nullcontext() if m == micro - 1 else ddp.no_sync()
-                with sync:
-                    x, y = _batch(ctx, name, step, m, ctx.rank, dtype)
-                    skip = skip_every is not None and step % skip_every == 1
-                    out = ddp(x, skip=skip) if skip_every else ddp(x)
-                    F.mse_loss(out, y).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=False)
+        _train_steps(ctx, ddp, opt, name, cfg, dtype, steps)
     if bn:
         # Training forwards leave each rank with its own running stats (DDP broadcasts rank 0's
         # buffers *before* each forward); one more forward, in eval mode, syncs them.

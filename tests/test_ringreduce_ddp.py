@@ -11,7 +11,8 @@ without find_unused_parameters, mismatched models, state_dict interchange with t
 import pytest
 
 import harness
-from test_ddp import BATCH, D_IN, D_OUT, MOVED, STEPS, TOL, _batch, _bf16_compress_hook, _build, _flat, _mismatch
+from test_ddp import (MOVED, STEPS, TOL, _batch, _bf16_compress_hook, _build, _flat, _mismatch, _optimizer,
+                      _train_steps)
 
 # name -> options (as in test_ddp): "ddp" kwargs for both wrappers, "hook" per wrapper.
 CONFIGS = {
@@ -37,10 +38,7 @@ CONFIGS = {
 def _train(ctx, name, cfg, which, failures, tag):
     """Train under `which` ("ringreduce" or "torch") DDP on the default group; returns
     (rank 0's initial flat weights, final flat weights, the wrapper)."""
-    import contextlib
-
     import torch
-    import torch.nn.functional as F
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
     from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
@@ -68,22 +66,7 @@ def _train(ctx, name, cfg, which, failures, tag):
         state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1,
                                             start_powerSGD_iter=2)
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
-    if cfg.get("optim") == "adam":
-        opt = torch.optim.Adam(ddp.parameters(), lr=1e-2)
-    else:
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-    micro = cfg.get("micro", 1)
-    skip_every = cfg.get("skip_every")
-    for step in range(STEPS):
-        for m in range(micro):
-            sync = contextlib.nullcontext() if m == micro - 1 else ddp.no_sync()
-            with sync:
-                x, y = _batch(ctx, name, step, m, ctx.rank, dtype)
-                skip = skip_every is not None and step % skip_every == 1
-                out = ddp(x, skip=skip) if skip_every else ddp(x)
-                F.mse_loss(out, y).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=cfg.get("set_to_none", False))
+    _train_steps(ctx, ddp, _optimizer(cfg, ddp), name, cfg, dtype, STEPS)
     if bn:
         ddp.eval()
         with torch.no_grad():

@@ -58,25 +58,23 @@ void P2p::send(const void* data, size_t bytes, uint8_t dtype, int peer, int tag,
                std::chrono::milliseconds timeout, Done done) {
   RR_CHECK(peer >= 0 && peer < size_ && peer != rank_, "ringreduce send: rank ", rank_,
            " cannot send to rank ", peer, " (group of ", size_, ")");
-  auto r = std::make_shared<Request>();
-  r->is_send = true;
-  r->data = static_cast<uint8_t*>(const_cast<void*>(data));  // only read from
-  r->bytes = bytes;
-  r->dtype = dtype;
-  r->peer = peer;
-  r->tag = tag;
-  r->timeout = timeout;
-  r->dl = Deadline::after(timeout);
-  r->done = std::move(done);
-  submit(std::move(r));
+  // The engine only reads a send's data.
+  submit(true, static_cast<uint8_t*>(const_cast<void*>(data)), bytes, dtype, peer, tag, timeout,
+         std::move(done));
 }
 
 void P2p::recv(void* data, size_t bytes, uint8_t dtype, int peer, int tag,
                std::chrono::milliseconds timeout, Done done) {
   RR_CHECK(peer == -1 || (peer >= 0 && peer < size_ && peer != rank_), "ringreduce recv: rank ",
            rank_, " cannot receive from rank ", peer, " (group of ", size_, ")");
+  submit(false, static_cast<uint8_t*>(data), bytes, dtype, peer, tag, timeout, std::move(done));
+}
+
+void P2p::submit(bool is_send, uint8_t* data, size_t bytes, uint8_t dtype, int peer, int tag,
+                 std::chrono::milliseconds timeout, Done done) {
   auto r = std::make_shared<Request>();
-  r->data = static_cast<uint8_t*>(data);
+  r->is_send = is_send;
+  r->data = data;
   r->bytes = bytes;
   r->dtype = dtype;
   r->peer = peer;
@@ -84,10 +82,6 @@ void P2p::recv(void* data, size_t bytes, uint8_t dtype, int peer, int tag,
   r->timeout = timeout;
   r->dl = Deadline::after(timeout);
   r->done = std::move(done);
-  submit(std::move(r));
-}
-
-void P2p::submit(Req r) {
   std::unique_lock<std::mutex> lock(mu_);
   RR_CHECK(!stopping_, describe(*r), ": the process group was shut down");
   if (!broken_.empty()) {

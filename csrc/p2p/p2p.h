@@ -100,7 +100,8 @@ class P2p {
   };
 
   // Hands a new request to the engine (or fails it at once if the channel is broken).
-  void submit(Req r);
+  void submit(bool is_send, uint8_t* data, size_t bytes, uint8_t dtype, int peer, int tag,
+              std::chrono::milliseconds timeout, Done done);
   void start_locked();
   void run();
   // One pass over everything; true if anything moved.
