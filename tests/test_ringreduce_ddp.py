@@ -126,10 +126,22 @@ def _rank_buckets_and_overlap(ctx):
     sizes = [sum(dict(model.named_parameters())[n].numel() * 4 for n in b) for b in names]
     if any(s > 2 << 20 and len(b) > 1 for s, b in zip(sizes, names)) or len(names) < 3:
         failures.append(f"bucket sizes {sizes} for {names}")
+    import copy
+
+    reference = copy.deepcopy(model)  # rank 0's weights, after construction
     completed = []
     for step in range(5):
         x = torch.randn(256, 512, generator=ctx.gen("x", step, rank=ctx.rank))
         F.mse_loss(ddp(x), torch.zeros(256, 8)).backward()
+        if step == 0:
+            # The averaged gradients, large ones included (those go back with streaming stores):
+            # the gradient of the mean of every rank's loss, computed here in one process.
+            xs = [torch.randn(256, 512, generator=ctx.gen("x", 0, rank=q)) for q in range(ctx.world_size)]
+            (sum(F.mse_loss(reference(xq), torch.zeros(256, 8)) for xq in xs) / ctx.world_size).backward()
+            for (n, p), q in zip(model.named_parameters(), reference.parameters()):
+                if not torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-7):
+                    failures.append(f"{n}.grad differs from the single-process average "
+                                    f"(max diff {(p.grad - q.grad).abs().max().item():.3g})")
         rec = ddp.overlap_record()
         # Started while backward still had gradients to produce: every step, by construction.
         if min(rec["ready_when_started"]) >= rec["params"]:

@@ -6,7 +6,16 @@
 #include <map>
 #include <tuple>
 
+#include "reduce/reduce.h"
+
 namespace ringreduce {
+
+namespace {
+// Gradients at least this large go back from the buckets with streaming stores: they are larger
+// than a good part of L3 and are not read again before the optimizer's step, which reads them
+// from memory either way, so the read-for-ownership of every written line is wasted traffic.
+constexpr size_t kStreamBackBytes = 4u << 20;
+}  // namespace
 
 Buckets::Buckets(std::vector<at::Tensor> params, int64_t first_bucket_bytes, int64_t bucket_bytes)
     : params_(std::move(params)) {
@@ -215,7 +224,13 @@ void Buckets::write_back(const std::vector<uint8_t>& used, bool grad_as_view) {
     if (grad_as_view) {
       if (!grad.is_same(view)) param.mutable_grad() = view;
     } else if (grad.defined()) {
-      grad.copy_(view);
+      const size_t bytes = static_cast<size_t>(view.numel()) * view.element_size();
+      if (grad.device().is_cpu() && grad.is_contiguous() && grad.scalar_type() == view.scalar_type() &&
+          bytes >= kStreamBackBytes) {
+        copy(grad.data_ptr(), view.data_ptr(), bytes, /*streaming=*/true);
+      } else {
+        grad.copy_(view);
+      }
     } else {
       // Reduced from other ranks' gradients only: a tensor of its own, not the bucket's memory,
       // which the next iteration overwrites.
