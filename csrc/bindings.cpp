@@ -40,7 +40,10 @@ PYBIND11_MODULE(_C, m) {
       .def("views_of", &Buckets::views_of, py::arg("bucket"))
       .def("bucket_of", &Buckets::bucket_of, py::arg("param"))
       .def("view", &Buckets::view, py::arg("param"))
-      .def("prepare", &Buckets::prepare, py::arg("scale"), py::arg("unused"))
+      .def("prepare", &Buckets::prepare, py::arg("scale"), py::arg("unused"),
+           py::arg("single_in_place"))
+      .def("reduce_target", &Buckets::reduce_target, py::arg("bucket"))
+      .def("in_place", &Buckets::in_place, py::arg("bucket"))
       .def("mark_ready", &Buckets::mark_ready, py::arg("param"), py::arg("grad_as_view"))
       .def("mark_unused", &Buckets::mark_unused, py::arg("param"))
       .def_property_readonly("num_ready", &Buckets::num_ready)
@@ -48,7 +51,9 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("all_started", &Buckets::all_started)
       .def_property_readonly("in_iteration", &Buckets::in_iteration)
       .def("ready_when_started", &Buckets::ready_when_started)
-      .def("write_back", &Buckets::write_back, py::arg("used"), py::arg("grad_as_view"));
+      .def("write_back", &Buckets::write_back, py::arg("bucket"), py::arg("used"),
+           py::arg("grad_as_view"))
+      .def("end_iteration", &Buckets::end_iteration);
 
   m.attr("built_with_cuda") = false;
   // The torch this extension was compiled against (setup.py passes it): its C++ ABI is not stable

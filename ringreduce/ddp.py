@@ -16,6 +16,11 @@ How an iteration runs:
   and say which buckets are complete; each complete bucket's all-reduce starts at once,
   asynchronously, in bucket order (so every rank issues them in the same order). The hook does
   nothing else: communication overlaps the rest of backward.
+  On a ringreduce group, whose all-reduce averages as it reduces (``ReduceOp.AVG``), two copies
+  are saved: a bucket of one parameter is reduced in place in that parameter's ``.grad`` (its flat
+  buffer would be a copy of that one tensor), and with ``gradient_as_bucket_view`` the
+  gradients, which autograd accumulated into the buckets themselves, are not scaled in place
+  beforehand.
 * the end of backward (a callback queued on the autograd engine): waits for the buckets'
   all-reduces and writes the averages to the parameters' ``.grad`` (or leaves ``.grad`` as views of
   the buckets with ``gradient_as_bucket_view``).
@@ -180,6 +185,10 @@ class DistributedDataParallel(nn.Module):
 
         cap = _DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb
         self.bucket_bytes_cap = int(cap * _MIB)
+        # ringreduce's all-reduce divides each reduced slice while it is still in cache; other
+        # backends (gloo has no AVG) get gradients scaled on their way into the buckets.
+        self._group_averages = dist.get_backend(self.process_group) == "ringreduce"
+        self._buckets_average = False  # this iteration's buckets are reduced with AVG
         # The parameters themselves (not detached copies): the buckets read and set their .grad.
         self._buckets = load_extension().Buckets(
             self._params, min(_FIRST_BUCKET_BYTES, self.bucket_bytes_cap),
@@ -317,8 +326,14 @@ class DistributedDataParallel(nn.Module):
         self._locally_unused = unused
         self._callback_queued = False
         self._completed_before_last_grad = 0
+        average = self._hook is None and self._group_averages
+        # A comm hook gets the plain sum of gradients and scales as it likes (as in torch's DDP).
         scale = 1.0 if self._hook is not None else 1.0 / self._world
-        for b in self._buckets.prepare(scale, unused):
+        self._buckets_average = average and self.gradient_as_bucket_view
+        if self._buckets_average:
+            scale = 1.0
+        single_in_place = average and not self.gradient_as_bucket_view
+        for b in self._buckets.prepare(scale, unused, single_in_place):
             self._start_bucket(b)
 
     def _grad_ready(self, index: int):
@@ -335,7 +350,10 @@ class DistributedDataParallel(nn.Module):
 
     def _start_bucket(self, b: int):
         if self._hook is None:
-            handle = dist.all_reduce(self._buckets.buffer(b), group=self.process_group, async_op=True)
+            avg = self._buckets_average or self._buckets.in_place(b)
+            handle = dist.all_reduce(self._buckets.reduce_target(b),
+                                     op=dist.ReduceOp.AVG if avg else dist.ReduceOp.SUM,
+                                     group=self.process_group, async_op=True)
         else:
             handle = self._hook(self._hook_state, GradBucket(self, b))
             if not isinstance(handle, _FUTURES):
@@ -368,10 +386,14 @@ class DistributedDataParallel(nn.Module):
                 flags[torch.tensor(self._locally_unused, dtype=torch.long)] = 0
             dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.process_group)
             used = flags.to(torch.uint8).tolist()
-        t0 = time.perf_counter()
+        # Each bucket goes back to the gradients as soon as its all-reduce is done, while the
+        # later buckets are still being reduced.
+        waited = 0.0
         for b, handle in self._pending:
+            t0 = time.perf_counter()
             if isinstance(handle, _FUTURES):
                 value = handle.wait()
+                waited += time.perf_counter() - t0
                 if isinstance(value, (list, tuple)):
                     value = value[0]
                 buf = self._buckets.buffer(b)
@@ -380,9 +402,11 @@ class DistributedDataParallel(nn.Module):
                         buf.copy_(value)
             else:
                 handle.wait()
+                waited += time.perf_counter() - t0
+            self._buckets.write_back(b, used, self.gradient_as_bucket_view)
         self._pending = []
-        self._waited_s = time.perf_counter() - t0
-        self._buckets.write_back(used, self.gradient_as_bucket_view)
+        self._waited_s = waited
+        self._buckets.end_iteration()
         self._iterations += 1
 
     # ---- introspection ---------------------------------------------------------------

@@ -134,8 +134,8 @@ def _rank_buckets_and_overlap(ctx):
         x = torch.randn(256, 512, generator=ctx.gen("x", step, rank=ctx.rank))
         F.mse_loss(ddp(x), torch.zeros(256, 8)).backward()
         if step == 0:
-            # The averaged gradients, large ones included (those go back with streaming stores):
-            # the gradient of the mean of every rank's loss, computed here in one process.
+            # The averaged gradients, those reduced in their bucket and those reduced in place
+            # (a 1024x1024 weight fills a bucket alone): the gradient of the mean of every rank's loss, computed here in one process.
             xs = [torch.randn(256, 512, generator=ctx.gen("x", 0, rank=q)) for q in range(ctx.world_size)]
             (sum(F.mse_loss(reference(xq), torch.zeros(256, 8)) for xq in xs) / ctx.world_size).backward()
             for (n, p), q in zip(model.named_parameters(), reference.parameters()):
@@ -156,6 +156,56 @@ def _rank_buckets_and_overlap(ctx):
 
 def test_bucket_layout_and_overlap(ranks):
     harness.check_results(ranks(2).run(_rank_buckets_and_overlap, timeout=90))
+
+
+def _rank_large_and_in_place(ctx):
+    """Gradients larger than the L3 cache (written back with streaming stores when they share a
+    bucket) and one-parameter buckets (reduced in place in .grad on a ringreduce group, copied
+    on gloo, which has no AVG): each averaged exactly as one process computes it."""
+    import copy
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    import ringreduce
+
+    failures = []
+    torch.manual_seed(2)
+    base = nn.Sequential(nn.Linear(2048, 4100), nn.Tanh(), nn.Linear(4100, 8))  # 33.6 MB weight
+    groups = {ctx.backend: dist.group.WORLD}
+    if ctx.backend != "gloo":
+        groups["gloo"] = dist.new_group(backend="gloo")
+    xs = [torch.randn(16, 2048, generator=ctx.gen("x", q)) for q in range(ctx.world_size)]
+    reference = copy.deepcopy(base)
+    (sum(F.mse_loss(reference(x), torch.zeros(16, 8)) for x in xs) / ctx.world_size).backward()
+    for label, group in groups.items():
+        for cap in (25, 64):  # the big weight alone in a bucket; everything in one bucket
+            model = copy.deepcopy(base)
+            ddp = ringreduce.DistributedDataParallel(model, process_group=group, bucket_cap_mb=cap)
+            for step in range(2):  # .grad None, then accumulated into
+                model.zero_grad(set_to_none=(step == 0))
+                F.mse_loss(ddp(xs[ctx.rank]), torch.zeros(16, 8)).backward()
+                tag = f"{label} group, bucket_cap_mb={cap}, step {step}"
+                for (n, p), q in zip(model.named_parameters(), reference.parameters()):
+                    if not torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-7):
+                        failures.append(f"{tag}: {n}.grad differs from the single-process average "
+                                        f"(max diff {(p.grad - q.grad).abs().max().item():.3g})")
+                buckets = ddp._buckets
+                for b in range(buckets.num_buckets):
+                    # In step 0, .grad is the tensor AccumulateGrad handed over: in place too.
+                    want = len(buckets.params_of(b)) == 1 and dist.get_backend(group) == "ringreduce"
+                    if buckets.in_place(b) != want:
+                        failures.append(f"{tag}: bucket {b} {ddp.bucket_assignment()[b]} reduced "
+                                        f"{'in place' if buckets.in_place(b) else 'in its buffer'}")
+            if cap == 64 and len(ddp.bucket_assignment()) > 2:
+                failures.append(f"{tag}: {ddp.bucket_assignment()} should be two buckets at most")
+    return failures, {}
+
+
+def test_large_gradients_and_in_place_buckets(ranks):
+    harness.check_results(ranks(2).run(_rank_large_and_in_place, timeout=120))
 
 
 def _rank_unused_and_errors(ctx):

@@ -8,7 +8,8 @@
 //
 // Per iteration: prepare() resets the counts; each gradient hook calls mark_ready(), which copies
 // the gradient into its view (scaled, so that the all-reduce's sum is the average) and returns the
-// buckets that may start now. A bucket starts once all its gradients are in and every bucket
+// buckets that may start now. A bucket of one parameter may instead be reduced in place, in the
+// parameter's .grad (see prepare()): its flat buffer would only be a copy of that one tensor. A bucket starts once all its gradients are in and every bucket
 // before it has started, so every rank starts the same buckets in the same order. Once they have
 // been reduced, write_back() hands the results to the parameters' .grad.
 //
@@ -41,14 +42,22 @@ class Buckets {
 
   // Starts an iteration. Gradients are multiplied by `scale` on their way in. Parameters listed
   // in `unused` will get no gradient: their views are zeroed and they count as ready at once.
-  // Returns the buckets that may start now (those holding only unused parameters).
-  std::vector<int64_t> prepare(double scale, const std::vector<int64_t>& unused);
+  // With `single_in_place`, a bucket of one parameter whose .grad is a dense tensor like its view
+  // is not copied: reduce_target() is then the .grad itself, unscaled (the caller averages in the
+  // reduction), and write_back() leaves it be. Returns the buckets that may start now (those
+  // holding only unused parameters).
+  std::vector<int64_t> prepare(double scale, const std::vector<int64_t>& unused,
+                               bool single_in_place);
   // Parameter p's gradient is final for this iteration. With `grad_as_view` the parameter's .grad
   // becomes its view of the bucket (and stays one). Throws if p was already ready.
   std::vector<int64_t> mark_ready(int64_t p, bool grad_as_view);
   // Parameter p gets no gradient in this iteration: its view is zeroed and it counts as ready.
   std::vector<int64_t> mark_unused(int64_t p);
   int64_t num_ready() const { return ready_count_; }
+  // What bucket b's all-reduce must reduce in this iteration: its buffer, or the one parameter's
+  // .grad when that is reduced in place (then unscaled).
+  at::Tensor reduce_target(int64_t b) const;
+  bool in_place(int64_t b) const;
   // Parameters not ready yet in this iteration, in index order.
   std::vector<int64_t> pending_params() const;
   bool all_started() const { return next_start_ == num_buckets(); }
@@ -57,10 +66,13 @@ class Buckets {
   // (fewer than num_params() means it started while backward was still producing gradients).
   const std::vector<int64_t>& ready_when_started() const { return ready_when_started_; }
 
-  // The buckets hold the reduced gradients: give them to the parameters. Parameters whose
+  // Bucket b holds its reduced gradients: give them to its parameters. Parameters whose
   // `used[p]` is 0 (no rank produced a gradient for them) are left as they are; an empty `used`
-  // means all were used. Ends the iteration.
-  void write_back(const std::vector<uint8_t>& used, bool grad_as_view);
+  // means all were used. Called per bucket as each all-reduce completes, so that one bucket's
+  // copy-out runs while later buckets are still being reduced.
+  void write_back(int64_t b, const std::vector<uint8_t>& used, bool grad_as_view);
+  // Ends the iteration (after every bucket's write_back).
+  void end_iteration() { in_iteration_ = false; }
 
  private:
   struct Bucket {
@@ -69,6 +81,7 @@ class Buckets {
     std::vector<int64_t> offsets;  // element offset of each parameter's view in `buffer`
     int64_t pending = 0;
     bool complete = false;
+    bool in_place = false;  // this iteration reduces the one parameter's .grad, not `buffer`
   };
   void rebuild_views(int64_t b);
   void check_can_mark(int64_t p) const;
@@ -82,6 +95,7 @@ class Buckets {
   int64_t ready_count_ = 0;
   int64_t next_start_ = 0;
   double scale_ = 1.0;
+  bool single_in_place_ = false;
   bool in_iteration_ = false;
   std::vector<int64_t> ready_when_started_;
 };
