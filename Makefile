@@ -1,7 +1,8 @@
 # ringreduce: set-up, build, tests and the benchmark, each from a fresh checkout.
 #
 #   make bench    set up .venv, build, print the all-reduce bandwidth table (ringreduce beside gloo)
-#   make test     set up .venv, build, run the C++ core tests (plain and ASan/UBSan) and pytest
+#   make test     set up .venv, build, run the C++ core tests (plain, ASan/UBSan, TSan) and pytest
+#                 (then the collective suites again over the TCP transport)
 #
 # A second run reuses .venv and rebuilds only what changed. Variables:
 #   TORCH_VERSION=2.13.0   the torch installed into .venv (the development machines have a CPU
@@ -53,9 +54,15 @@ test-cpp: $(DEPS_STAMP)
 	PATH="$(abspath $(VENV))/bin:$$PATH" cmake -S . -B build/asan -G Ninja -DRINGREDUCE_SANITIZE=address,undefined
 	PATH="$(abspath $(VENV))/bin:$$PATH" cmake --build build/asan -j $(MAX_JOBS)
 	ctest --test-dir build/asan --output-on-failure
+	PATH="$(abspath $(VENV))/bin:$$PATH" cmake -S . -B build/tsan -G Ninja -DRINGREDUCE_SANITIZE=thread
+	PATH="$(abspath $(VENV))/bin:$$PATH" cmake --build build/tsan -j $(MAX_JOBS)
+	ctest --test-dir build/tsan --output-on-failure
 
+# Then the collective and point-to-point suites again over TCP alone (loopback): the ring code is
+# the same, the transport under it is not.
 test-py: $(BUILD_STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests
+	RINGREDUCE_TRANSPORT=tcp $(PY) -m pytest -q $(PYTEST_ARGS) tests/test_collectives.py tests/test_p2p.py
 
 bench: $(BUILD_STAMP)
 	$(PY) -m ringreduce.bench -g 2 $(BENCH_ARGS)

@@ -25,7 +25,16 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly(
           "spin_us", [](const ringreduce::RingBackend& b) { return b.config().spin.count(); })
       .def("linked_segments", &ringreduce::RingBackend::linked_segments,
-           "Shared-memory segments of this group still linked in /dev/shm (empty once set up).");
+           "Shared-memory segments of this group still linked in /dev/shm (empty once set up).")
+      .def_property_readonly(
+          "transport",
+          [](const ringreduce::RingBackend& b) { return ringreduce::transport_mode_name(b.config().transport); })
+      .def_property_readonly("tcp_sockets",
+                             [](const ringreduce::RingBackend& b) { return b.config().tcp_sockets; })
+      .def("tcp_peers", &ringreduce::RingBackend::tcp_peers,
+           "Ranks of this group reached over TCP (those whose shared memory is not reachable).")
+      .def("tcp_address", &ringreduce::RingBackend::tcp_address,
+           "The ip:port this rank listens on for its TCP peers, '' without any.");
 
   // Gradient buckets of ringreduce.DistributedDataParallel (see bucket/buckets.h).
   using ringreduce::Buckets;

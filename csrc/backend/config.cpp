@@ -76,6 +76,12 @@ Config Config::from_env(int local_ranks) {
     RR_CHECK(s >= 2 && s <= 64, "ringreduce: RINGREDUCE_SLOTS=", v, " must be between 2 and 64");
     c.slots = static_cast<uint32_t>(s);
   }
+  if (const char* v = std::getenv("RINGREDUCE_TRANSPORT")) c.transport = parse_transport_mode(v);
+  if (const char* v = std::getenv("RINGREDUCE_TCP_SOCKETS")) {
+    const uint64_t n = parse_uint("RINGREDUCE_TCP_SOCKETS", v);
+    RR_CHECK(n >= 1 && n <= 16, "ringreduce: RINGREDUCE_TCP_SOCKETS=", v, " must be between 1 and 16");
+    c.tcp_sockets = static_cast<uint32_t>(n);
+  }
   if (const char* v = std::getenv("RINGREDUCE_SPIN_US")) {
     const uint64_t us = parse_uint("RINGREDUCE_SPIN_US", v);
     RR_CHECK(us <= 1000000, "ringreduce: RINGREDUCE_SPIN_US=", v, " must be at most 1000000");
@@ -90,7 +96,8 @@ Config Config::agree(Bootstrap& bs, const std::string& prefix, int rank, int loc
   if (rank == 0) {
     const Config mine = from_env(local_ranks);
     std::ostringstream s;
-    s << mine.slice_bytes << ' ' << mine.slots << ' ' << mine.spin.count();
+    s << mine.slice_bytes << ' ' << mine.slots << ' ' << mine.spin.count() << ' '
+      << transport_mode_name(mine.transport) << ' ' << mine.tcp_sockets;
     text = s.str();
     bs.set(key, text);
   } else {
@@ -99,7 +106,9 @@ Config Config::agree(Bootstrap& bs, const std::string& prefix, int rank, int loc
   std::istringstream in(text);
   Config c;
   long long spin_us = 0;
-  in >> c.slice_bytes >> c.slots >> spin_us;
+  std::string mode;
+  in >> c.slice_bytes >> c.slots >> spin_us >> mode >> c.tcp_sockets;
+  if (!in.fail()) c.transport = parse_transport_mode(mode);
   RR_CHECK(!in.fail(), "ringreduce: rank ", rank, " read a malformed config from the store: '", text, "'");
   c.spin = std::chrono::microseconds(spin_us);
   return c;
@@ -107,7 +116,8 @@ Config Config::agree(Bootstrap& bs, const std::string& prefix, int rank, int loc
 
 std::string Config::to_string() const {
   std::ostringstream s;
-  s << "slice_bytes=" << slice_bytes << " slots=" << slots << " spin_us=" << spin.count();
+  s << "slice_bytes=" << slice_bytes << " slots=" << slots << " spin_us=" << spin.count()
+    << " transport=" << transport_mode_name(transport) << " tcp_sockets=" << tcp_sockets;
   return s.str();
 }
 

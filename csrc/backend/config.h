@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include "transport/links.h"
+
 namespace ringreduce {
 
 class Bootstrap;
@@ -17,9 +19,15 @@ struct Config {
   uint32_t slots = 4;
   // How long a waiting rank spins before it sleeps on a futex: see default_spin().
   std::chrono::microseconds spin{50};
+  // Which transports carry the ring: by probe (auto), shared memory only, or TCP only
+  // (RINGREDUCE_TRANSPORT).
+  TransportMode transport = TransportMode::Auto;
+  // TCP connections per pair of ranks on different hosts (RINGREDUCE_TCP_SOCKETS).
+  uint32_t tcp_sockets = 2;
 
   // Defaults (the spin one for `local_ranks` ranks on this host) overridden by
-  // RINGREDUCE_SLICE_BYTES, RINGREDUCE_SLOTS, RINGREDUCE_SPIN_US. Throws ringreduce::Error naming
+  // RINGREDUCE_SLICE_BYTES, RINGREDUCE_SLOTS, RINGREDUCE_SPIN_US, RINGREDUCE_TRANSPORT,
+  // RINGREDUCE_TCP_SOCKETS. Throws ringreduce::Error naming
   // the variable when a value does not parse or is out of range.
   static Config from_env(int local_ranks);
 

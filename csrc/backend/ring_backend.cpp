@@ -4,7 +4,11 @@
 #include <ATen/MemoryOverlap.h>
 #include <c10/util/Exception.h>
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
 #include <algorithm>
+#include <cstdlib>
 #include <optional>
 #include <utility>
 
@@ -13,7 +17,7 @@
 #include "p2p/p2p.h"
 #include "reduce/reduce.h"
 #include "ring/ring.h"
-#include "transport/shm/shm_transport.h"
+#include "transport/links.h"
 
 namespace ringreduce {
 
@@ -47,6 +51,16 @@ struct Reduction {
 
 [[noreturn]] void fail(const std::string& msg) { C10_THROW_ERROR(DistBackendError, msg); }
 
+// The host of the TCPStore behind `store` (through PrefixStores), "" for other stores: TCP peers
+// listen on the local address that reaches it, which is the network the job was launched on.
+std::string store_host(const c10::intrusive_ptr<c10d::Store>& store) {
+  c10::intrusive_ptr<c10d::Store> s = store;
+  if (auto* prefixed = dynamic_cast<c10d::PrefixStore*>(s.get())) s = prefixed->getUnderlyingNonPrefixStore();
+  if (auto* tcp = dynamic_cast<c10d::TCPStore*>(s.get())) return tcp->getHost();
+  if (const char* addr = std::getenv("MASTER_ADDR")) return addr;
+  return "";
+}
+
 }  // namespace
 
 RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
@@ -55,20 +69,29 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
   try {
     StoreBootstrap bs(store);
     const std::string prefix = incarnation_prefix(bs, size);
-    // Every rank of a group is on this host until the TCP transport lands.
     config_ = Config::agree(bs, prefix, rank, size);
-    ShmConfig shm;
-    shm.slot_bytes = config_.slice_bytes;
-    shm.nslots = config_.slots;
-    shm.spin = config_.spin;
-    transport_ = std::make_unique<ShmTransport>(bs, prefix, rank, size, shm);
-    ring_ = std::make_unique<Ring>(*transport_, config_.slice_bytes);
-    // Sends and receives get a transport of their own (segments set up now, while every rank is
-    // here; pages are only touched by the pairs that use them).
-    ShmConfig p2p = shm;
-    p2p.doorbells = true;
-    p2p_transport_ = std::make_unique<ShmTransport>(bs, prefix + "p2p/", rank, size, p2p);
-    p2p_ = std::make_unique<P2p>(*p2p_transport_, [](uint8_t code) {
+    LinkOptions lo;
+    lo.mode = config_.transport;
+    lo.shm.slot_bytes = config_.slice_bytes;
+    lo.shm.nslots = config_.slots;
+    lo.shm.spin = config_.spin;
+    lo.tcp.slot_bytes = config_.slice_bytes;
+    lo.tcp.nslots = config_.slots;
+    lo.tcp.sockets = config_.tcp_sockets;
+    lo.tcp.connect_timeout = timeout;
+    lo.listen_address = [store] {
+      const char* ifname = std::getenv("RINGREDUCE_SOCKET_IFNAME");
+      return choose_listen_address(ifname ? ifname : "", store_host(store));
+    };
+    links_ = std::make_unique<Links>(bs, prefix, rank, size, lo);
+    ring_ = std::make_unique<Ring>(links_->transport(), config_.slice_bytes);
+    // Sends and receives get transports of their own, routed as the collectives' are (segments
+    // set up now, while every rank is here; pages are only touched by the pairs that use them).
+    LinkOptions p2p = lo;
+    p2p.shm.doorbells = true;
+    p2p.tcp.doorbells = true;
+    p2p_links_ = std::make_unique<Links>(bs, prefix + "p2p/", rank, size, p2p, &links_->local());
+    p2p_ = std::make_unique<P2p>(p2p_links_->transport(), [](uint8_t code) {
       return std::string(c10::toString(static_cast<at::ScalarType>(code)));
     });
   } catch (const c10::Error&) {
@@ -84,10 +107,14 @@ RingBackend::~RingBackend() {
 }
 
 std::vector<std::string> RingBackend::linked_segments() const {
-  auto names = transport_->linked_segments();
-  for (auto& n : p2p_transport_->linked_segments()) names.push_back(n);
+  auto names = links_->linked_segments();
+  for (auto& n : p2p_links_->linked_segments()) names.push_back(n);
   return names;
 }
+
+std::vector<int> RingBackend::tcp_peers() const { return links_->tcp_peers(); }
+
+std::string RingBackend::tcp_address() const { return links_->tcp_address(); }
 
 void RingBackend::setTimeout(std::chrono::milliseconds timeout) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -131,7 +158,7 @@ uint64_t RingBackend::getSequenceNumberForGroup() {
 }
 
 void RingBackend::abort() {  // exit-ok: c10d's name; it ends the group, not the process
-  transport_->abort_group(detail::cat("rank ", rank_, " aborted the process group"));
+  links_->transport().abort_group(detail::cat("rank ", rank_, " aborted the process group"));
   queue_.cancel("the process group was aborted");
   p2p_->cancel(detail::cat("rank ", rank_, " aborted the process group"));
 }

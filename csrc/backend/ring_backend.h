@@ -24,7 +24,7 @@
 
 namespace ringreduce {
 
-class ShmTransport;
+class Links;
 class Ring;
 class P2p;
 
@@ -115,6 +115,9 @@ class RingBackend final : public c10d::Backend {
   const Config& config() const { return config_; }
   // Segments this group created and still has linked in /dev/shm (empty once set up).
   std::vector<std::string> linked_segments() const;
+  // Peers this rank reaches over TCP, and the "ip:port" it listens on for them ("" if none).
+  std::vector<int> tcp_peers() const;
+  std::string tcp_address() const;
 
  public:
   // What an op does once its turn comes: validated and prepared at the call, run by the queue.
@@ -139,9 +142,9 @@ class RingBackend final : public c10d::Backend {
                                          Body body);
 
   Config config_;
-  std::unique_ptr<ShmTransport> transport_;
+  std::unique_ptr<Links> links_;
   std::unique_ptr<Ring> ring_;
-  std::unique_ptr<ShmTransport> p2p_transport_;
+  std::unique_ptr<Links> p2p_links_;
   std::unique_ptr<P2p> p2p_;  // after its transport: stops before it goes away
   std::atomic<uint64_t> next_p2p_seq_{0};  // a numbering of their own: ranks issue different ones
   std::mutex mu_;  // orders sequence numbers with queue order when several threads issue ops

@@ -39,9 +39,11 @@
 // gets the same bits whatever its CPU; CMake also passes -ffp-contract=off, in case the build's own
 // flags enable FMA (-march=native), and so should any other build of this file.
 // RINGREDUCE_BASELINE_ONLY builds only the baseline paths (no clones, no F16C), so that the tests
-// can check them on a machine that would otherwise always pick the AVX2 ones.
+// can check them on a machine that would otherwise always pick the AVX2 ones. ThreadSanitizer
+// builds have none either: an ifunc resolver runs before the sanitizer's runtime is set up, and
+// its instrumented code crashes there.
 #if RR_X86_64 && defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__) && \
-    !defined(RINGREDUCE_BASELINE_ONLY)
+    !defined(RINGREDUCE_BASELINE_ONLY) && !defined(__SANITIZE_THREAD__)
 #define RR_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define RR_CLONES

@@ -71,8 +71,10 @@ struct ShmTransport::Fifo {
 static_assert(sizeof(MsgHeader) <= kSlotHeaderBytes, "slot header area too small");
 
 ShmTransport::ShmTransport(Bootstrap& bs, const std::string& prefix, int rank, int size,
-                           const ShmConfig& cfg)
+                           const ShmConfig& cfg, Reach reach, const std::vector<uint8_t>& want)
     : rank_(rank), size_(size), cfg_(cfg) {
+  RR_CHECK(want.empty() || want.size() == static_cast<size_t>(size), "ringreduce shm: ", want.size(),
+           " peer flags for a group of ", size);
   RR_CHECK(size >= 1 && rank >= 0 && rank < size, "ringreduce shm: invalid rank ", rank,
            " for world size ", size);
   RR_CHECK(cfg.slot_bytes >= 64 && cfg.slot_bytes % 64 == 0,
@@ -134,29 +136,54 @@ ShmTransport::ShmTransport(Bootstrap& bs, const std::string& prefix, int rank, i
     seg->blocked_on.store(-1);
     bs.set(prefix + "shm/name/" + std::to_string(rank), own_name_);
 
-    // The probe: opening the peer's segment only works if it is on this host.
+    // The probe: opening the peer's segment only works if it is on this host (and in the same
+    // IPC and mount namespace).
+    const bool require = reach == Reach::Require;
     for (int p = 0; p < size; ++p) {
-      if (p == rank) continue;
+      if (p == rank || (!want.empty() && !want[p])) continue;
       const std::string name = bs.get(prefix + "shm/name/" + std::to_string(p));
       int pfd = shm_open(name.c_str(), O_RDWR, 0);
+      if (pfd < 0 && !require) continue;
       RR_SYSCHECK(pfd >= 0, "ringreduce shm: rank ", rank, " cannot open rank ", p,
                   "'s shared-memory segment ", name,
-                  " (ringreduce needs all ranks of a group on one host until the TCP transport lands)");
+                  " (is rank ", p, " on another host? RINGREDUCE_TRANSPORT=shm asks for shared memory "
+                  "between all ranks)");
       struct stat st;
       const bool sized = fstat(pfd, &st) == 0 && static_cast<size_t>(st.st_size) == segment_bytes_;
       void* pbase = sized ? mmap(nullptr, segment_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, pfd, 0)
                           : MAP_FAILED;
       close(pfd);
+      if (!sized && !require) continue;
       RR_CHECK(sized, "ringreduce shm: rank ", p, "'s segment has ", st.st_size, " bytes, rank ",
                rank, " expected ", segment_bytes_, " (ranks disagree on slot size or count)");
       RR_SYSCHECK(pbase != MAP_FAILED, "ringreduce shm: rank ", rank, " cannot map rank ", p,
                   "'s segment");
       bases_[p] = pbase;
       const Segment* ps = segment(p);
-      RR_CHECK(ps->magic == kMagic && ps->token == token && ps->rank == static_cast<uint32_t>(p) &&
-                   ps->world == static_cast<uint32_t>(size) && ps->slot_bytes == cfg.slot_bytes &&
-                   ps->nslots == cfg.nslots,
-               "ringreduce shm: rank ", p, "'s segment ", name, " does not belong to this group");
+      const bool ours = ps->magic == kMagic && ps->token == token &&
+                        ps->rank == static_cast<uint32_t>(p) && ps->world == static_cast<uint32_t>(size) &&
+                        ps->slot_bytes == cfg.slot_bytes && ps->nslots == cfg.nslots;
+      if (!ours && !require) {
+        munmap(pbase, segment_bytes_);
+        bases_[p] = nullptr;
+        continue;
+      }
+      RR_CHECK(ours, "ringreduce shm: rank ", p, "'s segment ", name, " does not belong to this group");
+    }
+    if (!require) {
+      // A pair is local only if both of its ranks opened the other's segment: each says which it
+      // opened, and a one-sided mapping is dropped, so both sides route the pair the same way.
+      std::string row(static_cast<size_t>(size), '0');
+      for (int p = 0; p < size; ++p) row[p] = bases_[p] != nullptr ? '1' : '0';
+      bs.set(prefix + "shm/reach/" + std::to_string(rank), row);
+      for (int p = 0; p < size; ++p) {
+        if (p == rank || bases_[p] == nullptr) continue;
+        const std::string theirs = bs.get(prefix + "shm/reach/" + std::to_string(p));
+        if (theirs.size() != static_cast<size_t>(size) || theirs[rank] != '1') {
+          munmap(bases_[p], segment_bytes_);
+          bases_[p] = nullptr;
+        }
+      }
     }
 
     // Unlink once every peer holds a mapping: from here on a crash leaves nothing behind.
@@ -207,8 +234,9 @@ uint8_t* ShmTransport::slot(int receiver, int sender, uint64_t index) const {
 }
 
 void ShmTransport::check_peer(int peer, const char* what) const {
-  RR_CHECK(peer >= 0 && peer < size_ && peer != rank_, "ringreduce shm: ", what, " on rank ", rank_,
-           " names invalid peer ", peer, " (world size ", size_, ")");
+  RR_CHECK(peer >= 0 && peer < size_ && peer != rank_ && bases_[peer] != nullptr, "ringreduce shm: ",
+           what, " on rank ", rank_, " names peer ", peer, ", which is not reachable through shared "
+           "memory (world size ", size_, ")");
 }
 
 void ShmTransport::throw_aborted(const OpContext& op) const {
@@ -264,6 +292,7 @@ std::string ShmTransport::diagnose(int peer, const OpContext& op) const {
   int p = peer;
   for (int hops = 0; hops < size_; ++hops) {
     const Segment* s = segment(p);
+    if (s == nullptr) return detail::cat("rank ", p, " is on another host; its state is not visible here");
     const uint64_t at = s->op_seq.load(std::memory_order_acquire);
     if (at < op.seq + 1) {
       return at == 0 ? detail::cat("rank ", p, " has not arrived at this op (it has run no op yet)")

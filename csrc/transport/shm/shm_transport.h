@@ -32,11 +32,16 @@ struct ShmConfig {
 
 class ShmTransport final : public Transport {
  public:
-  // Collective over the group: every rank constructs its transport at the same time. Throws
-  // ringreduce::Error naming the peer if a peer's segment cannot be opened or does not match.
-  // `prefix` scopes the store keys to this incarnation of the group (incarnation_prefix()).
+  // Collective over the group: every rank constructs its transport at the same time. `prefix`
+  // scopes the store keys to this incarnation of the group (incarnation_prefix()).
+  // With Reach::Require, every peer p with want[p] (every peer when `want` is empty) must be
+  // reachable: a segment that cannot be opened or does not match throws ringreduce::Error naming
+  // the peer. With Reach::Probe every peer is tried, and a pair whose ranks can both open the
+  // other's segment is local (is_local()); the others are left to another transport.
+  enum class Reach { Require, Probe };
   ShmTransport(Bootstrap& bootstrap, const std::string& prefix, int rank, int size,
-               const ShmConfig& cfg);
+               const ShmConfig& cfg, Reach reach = Reach::Require,
+               const std::vector<uint8_t>& want = {});
   ~ShmTransport() override;
   ShmTransport(const ShmTransport&) = delete;
   ShmTransport& operator=(const ShmTransport&) = delete;
@@ -57,6 +62,11 @@ class ShmTransport final : public Transport {
 
   void abort_group(const std::string& why) override;
   std::string abort_reason() const override;
+
+  // Whether messages to and from `peer` go through shared memory.
+  bool is_local(int peer) const {
+    return peer >= 0 && peer < size_ && peer != rank_ && bases_[peer] != nullptr;
+  }
 
   // The name this rank's segment was created under (unlinked once set-up returned).
   const std::string& segment_name() const { return own_name_; }

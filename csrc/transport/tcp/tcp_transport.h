@@ -1,0 +1,160 @@
+// TCP transport between ranks on different hosts.
+//
+// The same contract as the shared-memory transport: per (sender, receiver) pair a FIFO of
+// `nslots` slots that the ring writes and reads in place. Here the sender's slots are local
+// buffers that an I/O thread streams to the peer, and the receiver's slots are local buffers the
+// I/O thread fills from the socket; send_begin waits for a slot whose last message has been
+// written out, recv_begin for the next message to have arrived whole. So the ring code is the
+// one the shared-memory path runs, and a group can mix the two per hop (see routed.h).
+//
+// Each pair has `sockets` connections; message k of a pair travels on socket k % sockets, so the
+// receiver knows which message every frame carries without any sequence field and large
+// transfers are spread over several streams. One I/O thread per transport serves every socket
+// with non-blocking I/O (epoll); it never blocks on one peer while another has work.
+//
+// Connections: every rank listens on one port of the address chosen by choose_listen_address()
+// and publishes "ip:port" through the store; the higher rank of a pair connects to the lower.
+// Each side sends a Hello (wire.h) carrying the job's secret; a connection whose Hello is wrong,
+// garbled or late is closed and logged, and the job goes on (the listener stays open for the
+// life of the transport, so this holds after set-up as well).
+//
+// Failures: a peer's socket that ends without a Bye frame (its process died) or fails aborts the
+// group with a reason naming that peer; an Abort frame carries a peer's abort here; every wait
+// also polls an external abort (the shared-memory side of a mixed group) at least every 100 ms.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "transport/tcp/wire.h"
+#include "transport/transport.h"
+#include "transport/wait.h"
+
+namespace ringreduce {
+
+struct TcpConfig {
+  size_t slot_bytes = 256 << 10;
+  uint32_t nslots = 4;
+  uint32_t sockets = 2;  // connections per pair
+  std::string listen_address = "127.0.0.1";  // IPv4 address to listen on
+  std::chrono::milliseconds connect_timeout{60000};
+  bool doorbells = false;
+};
+
+// Hooks that tie a TCP transport into a group that also has other transports.
+struct TcpHooks {
+  // The group was aborted on this side (an Abort frame or a dead peer): pass it on.
+  std::function<void(const std::string&)> on_abort;
+  // Polled by every wait: a non-empty reason aborts the wait (the group was aborted elsewhere).
+  std::function<std::string()> external_abort;
+  // Rung for every message that arrives and every send slot freed, where doorbells are on,
+  // instead of this transport's own doorbell.
+  std::function<void()> ring_doorbell;
+};
+
+// The IPv4 address to listen on: that of interface `ifname` when given (RINGREDUCE_SOCKET_IFNAME),
+// else the local address the kernel would use to reach `peer_host` (the store's host), else that
+// of this host's name; "127.0.0.1" when nothing else is found. Throws if `ifname` has no IPv4
+// address, listing the interfaces that have one.
+std::string choose_listen_address(const std::string& ifname, const std::string& peer_host);
+
+class TcpTransport final : public Transport {
+ public:
+  // Collective over the group: connects to every peer p with peers[p] != 0 (both sides must
+  // agree), and throws naming the peers that did not connect within cfg.connect_timeout.
+  TcpTransport(Bootstrap& bootstrap, const std::string& prefix, int rank, int size,
+               const TcpConfig& cfg, const std::vector<uint8_t>& peers, TcpHooks hooks = {});
+  ~TcpTransport() override;
+  TcpTransport(const TcpTransport&) = delete;
+  TcpTransport& operator=(const TcpTransport&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  size_t max_payload() const override { return cfg_.slot_bytes; }
+
+  void* send_begin(int peer, const OpContext& op, const Deadline& dl) override;
+  void send_end(int peer, const MsgHeader& hdr) override;
+  const void* recv_begin(int peer, MsgHeader* hdr, const OpContext& op, const Deadline& dl) override;
+  void recv_end(int peer) override;
+  void* try_send_begin(int peer) override;
+  const void* try_recv_begin(int peer, MsgHeader* hdr) override;
+  uint32_t doorbell() const override;
+  void ring_doorbell() override;
+  void wait_doorbell(uint32_t seen, std::chrono::nanoseconds at_most) override;
+
+  void abort_group(const std::string& why) override;
+  std::string abort_reason() const override;
+
+  // "ip:port" this rank listens on.
+  const std::string& address() const { return address_; }
+  // Connections dropped for a bad or missing Hello since start-up (for the tests).
+  uint64_t rejected_connections() const { return rejected_.load(); }
+
+ private:
+  struct Conn;
+  struct Peer;
+
+  void io_loop();
+  void accept_all();
+  void service_pending(Conn& c);
+  void service(Conn& c);
+  bool flush(Conn& c);   // false: the connection failed
+  bool drain(Conn& c);   // false: the connection failed or ended
+  void conn_failed(Conn& c, const std::string& why);
+  void retire(Conn& c);
+  void adopt(std::unique_ptr<Conn> c, int peer, uint32_t socket);
+  void update_interest(Conn& c);
+  void wake_io();
+  void notify_progress();
+  void connect_to(int peer, uint32_t socket, const std::string& addr, const Deadline& dl);
+  void log(const std::string& what) const;
+  void close_all();
+  std::string abort_reason_locked() const;
+  [[noreturn]] void throw_aborted(const OpContext& op, const std::string& why) const;
+  void check_peer(int peer, const char* what) const;
+  // Waits on cv_ (lock held) until ready() with the deadline and abort checks of every wait.
+  template <class Ready>
+  void wait_until(std::unique_lock<std::mutex>& lock, Ready ready, int peer, const char* waiting_for,
+                  const OpContext& op, const Deadline& dl);
+
+  int rank_;
+  int size_;
+  TcpConfig cfg_;
+  TcpHooks hooks_;
+  tcp::HelloExpect expect_;
+  tcp::Hello hello_;  // ours, with rank and secret; socket set per connection
+  std::string address_;
+  size_t slot_stride_ = 0;
+
+  int listen_fd_ = -1;
+  int epoll_fd_ = -1;
+  int event_fd_ = -1;
+  std::thread io_;
+  std::atomic<bool> stop_{false};
+
+  mutable std::mutex mu_;          // guards the fields below and the Peer/Conn queues
+  std::condition_variable cv_;     // progress: a slot freed, a message arrived, an abort
+  std::vector<std::unique_ptr<Peer>> peers_;
+  std::vector<std::unique_ptr<Conn>> adopted_;  // connected by this thread, for the I/O thread
+  // The I/O thread's own: accepted connections whose Hello is not complete, and every
+  // established connection (closed ones stay until the end: peers_ points at them).
+  std::vector<std::unique_ptr<Conn>> pending_;
+  std::vector<std::unique_ptr<Conn>> io_conns_;
+  int expected_conns_ = 0;
+  int established_ = 0;
+  bool aborted_ = false;
+  std::string reason_;
+  std::atomic<uint64_t> rejected_{0};
+  WaitWord doorbell_;
+};
+
+}  // namespace ringreduce
