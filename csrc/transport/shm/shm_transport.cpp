@@ -39,6 +39,25 @@ uint64_t random_token() {
   return (static_cast<uint64_t>(rd()) << 32) ^ rd();
 }
 
+// Whether process `pid` has exited (or is a zombie, not reaped yet). Our own pid (ranks as
+// threads of one process, in the C++ tests) is never gone.
+bool process_gone(int32_t pid) {
+  if (pid <= 0 || pid == static_cast<int32_t>(getpid())) return false;
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  FILE* f = std::fopen(path, "r");
+  if (f == nullptr) return errno == ENOENT;  // gone; on any other error, assume alive
+  char buf[512];
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  // "pid (comm) S ...": the state follows the last ')', as comm may hold anything.
+  const char* close_paren = std::strrchr(buf, ')');
+  if (close_paren == nullptr || close_paren[1] != ' ') return false;
+  const char state = close_paren[2];
+  return state == 'Z' || state == 'X';
+}
+
 }  // namespace
 
 // At offset 0 of every segment. Written by the owner before it publishes the name, then read-only
@@ -50,6 +69,7 @@ struct ShmTransport::Segment {
   uint32_t world;
   uint64_t slot_bytes;
   uint32_t nslots;
+  int32_t pid;  // the owner's process: a waiter that finds it gone knows its peer died
   // Where this rank is, for a peer that times out to find who is really missing: the op it last
   // entered the transport in (seq + 1, 0 before the first) and the peer it sleeps on (-1: none).
   alignas(64) std::atomic<uint64_t> op_seq;
@@ -133,6 +153,7 @@ ShmTransport::ShmTransport(Bootstrap& bs, const std::string& prefix, int rank, i
     seg->world = static_cast<uint32_t>(size);
     seg->slot_bytes = cfg.slot_bytes;
     seg->nslots = cfg.nslots;
+    seg->pid = static_cast<int32_t>(getpid());
     seg->blocked_on.store(-1);
     bs.set(prefix + "shm/name/" + std::to_string(rank), own_name_);
 
@@ -283,6 +304,18 @@ void ShmTransport::wait_until(WaitWord& word, Ready ready, int peer, const char*
     }
     word.sleepers.fetch_sub(1, std::memory_order_seq_cst);
     if (ready(word.value.load(std::memory_order_acquire))) return;
+    // Woken without progress (at most every kMaxSleep): a peer that died is not waited for until
+    // the deadline. An abort comes first: a rank that failed for another reason and then exited
+    // has said why.
+    if (own->aborted.load(std::memory_order_acquire)) throw_aborted(op);
+    const int32_t pid = segment(peer)->pid;
+    if (process_gone(pid)) {
+      const std::string msg = detail::cat(
+          "ringreduce ", op.name, " #", op.seq, ": rank ", rank_, " was waiting for rank ", peer,
+          " (", waiting_for, "), whose process (pid ", pid, ") has died");
+      abort_group(msg);
+      throw Error(msg);
+    }
   }
 }
 

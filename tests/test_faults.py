@@ -1,0 +1,195 @@
+"""Faults (issue 5): a rank killed mid all-reduce, a rank stopped for a while, a rank that never
+comes; over shared memory and over TCP.
+
+Each case starts its own ranks as plain processes (env:// rendezvous on a TCPStore) because a
+rank is meant to die or hang here, which the shared pools of the other tests do not survive.
+Every rank writes what happened to a JSON file; the test reads them. Deadlines everywhere: the
+processes are killed if a case overruns, and the case fails saying so.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import harness
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+WORKER = r'''
+import json, os, signal, sys, threading, time
+from datetime import timedelta
+import torch
+import torch.distributed as dist
+import ringreduce  # noqa: F401  (registers the backend)
+
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+case, out = os.environ["FAULT_CASE"], os.environ["FAULT_OUT"]
+dist.init_process_group("ringreduce", timeout=timedelta(seconds=float(os.environ["FAULT_TIMEOUT"])))
+res = {"rank": rank, "pid": os.getpid()}
+x = torch.ones(1 << 16)
+dist.all_reduce(x)  # every link is up before the fault
+victim = world - 1
+count = 48 << 20  # 192 MB of float32: the all-reduce takes a while
+if case == "kill" and rank == victim:
+    # All-reduces back to back, and a kill a moment in: it lands in the middle of one.
+    def die():
+        threading.Event().wait(0.3)
+        with open(os.path.join(out, "death"), "w") as f:
+            f.write(repr(time.time()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    threading.Thread(target=die, daemon=True).start()
+    big = torch.full((count // 6,), float(rank + 1))
+    for _ in range(100000):
+        dist.all_reduce(big)
+    res["error"] = "the victim finished its all-reduces before it was killed"
+elif case == "kill":
+    big = torch.full((count // 6,), float(rank + 1))
+    try:
+        for _ in range(100000):
+            dist.all_reduce(big)
+        res["error"] = "no all-reduce failed"
+    except Exception as e:  # what the test checks
+        res["error"] = str(e)
+        res["t_error"] = time.time()
+elif case == "absent" and rank == victim:
+    res["skipped"] = True  # never calls the all-reduce; waits for the others to give up
+    for _ in range(600):
+        if all(os.path.exists(os.path.join(out, f"rank{r}.json")) for r in range(world - 1)):
+            break
+        threading.Event().wait(0.1)
+else:
+    rounds = 12 if case == "stop" else 1
+    try:
+        for i in range(rounds):
+            big = torch.full((count // 4 if case == "stop" else count,), float(rank + 1 + i))
+            if i == 1:
+                open(os.path.join(out, f"started{rank}"), "w").close()
+            dist.all_reduce(big)
+            want = float(sum(r + 1 + i for r in range(world)))
+            if not bool((big == want).all()):
+                res["wrong"] = f"round {i}: got {big[0].item()}, want {want}"
+        res["ok"] = True
+    except Exception as e:  # what the test checks
+        res["error"] = str(e)
+        res["t_error"] = time.time()
+with open(os.path.join(out, f"rank{rank}.json.tmp"), "w") as f:
+    json.dump(res, f)
+os.replace(os.path.join(out, f"rank{rank}.json.tmp"), os.path.join(out, f"rank{rank}.json"))
+sys.stdout.flush()
+os._exit(0)  # the group may be aborted: no teardown
+'''
+
+
+def _shm_entries():
+    return {n for n in os.listdir("/dev/shm") if n.startswith("ringreduce-")}
+
+
+def _launch(tmp_path, world, case, transport, timeout_s, on_started=None):
+    port = harness.free_port()
+    procs = []
+    before = _shm_entries()
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), FAULT_CASE=case, FAULT_OUT=str(tmp_path),
+                   FAULT_TIMEOUT=str(timeout_s), RINGREDUCE_TRANSPORT=transport,
+                   PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        procs.append(subprocess.Popen([sys.executable, "-c", WORKER], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    if on_started is not None:
+        on_started(procs)
+    outputs = []
+    deadline = time.monotonic() + timeout_s + 120
+    for p in procs:
+        try:
+            outputs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail(f"{case} over {transport}: a rank hung past the deadline")
+    results = {}
+    for rank in range(world):
+        path = tmp_path / f"rank{rank}.json"
+        if path.exists():
+            results[rank] = json.loads(path.read_text())
+    leaked = _shm_entries() - before
+    return results, outputs, leaked
+
+
+def _explain(results, outputs):
+    return "\n".join([json.dumps(results, indent=1)] + [f"--- rank {r} output ---\n{o[-3000:]}"
+                                                        for r, o in enumerate(outputs)])
+
+
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_a_rank_killed_mid_all_reduce_fails_every_survivor_fast(tmp_path, backend, transport):
+    if backend != "ringreduce":
+        pytest.skip("faults of ringreduce's transports")
+    world, timeout_s = 3, 60
+    results, outputs, leaked = _launch(tmp_path, world, "kill", transport, timeout_s)
+    why = _explain(results, outputs)
+    assert (tmp_path / "death").exists(), why
+    died = float((tmp_path / "death").read_text())
+    assert world - 1 not in results, why  # it never got to write
+    for rank in range(world - 1):
+        r = results.get(rank)
+        assert r is not None and "error" in r, why
+        err = r["error"]
+        assert "allreduce #" in err and f"rank {world - 1}" in err, why
+        assert "died" in err or "lost its connection" in err, why
+        # Far inside the op's timeout: the death is noticed, not waited out.
+        assert r["t_error"] - died < 10, why
+    assert not leaked, f"segments left in /dev/shm: {leaked}"
+    print(f"{transport}: death to error: " + ", ".join(
+        f"rank {r} {1e3 * (results[r]['t_error'] - died):.0f} ms" for r in range(world - 1)))
+
+
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_a_rank_stopped_for_a_while_still_gives_the_right_result(tmp_path, backend, transport):
+    if backend != "ringreduce":
+        pytest.skip("faults of ringreduce's transports")
+    world = 3
+
+    def stop_one(procs):
+        started = tmp_path / "started1"
+        for _ in range(1200):
+            if started.exists():
+                break
+            threading.Event().wait(0.05)
+        procs[1].send_signal(signal.SIGSTOP)
+        threading.Event().wait(1.5)  # less than the timeout: slow, not dead
+        procs[1].send_signal(signal.SIGCONT)
+
+    results, outputs, leaked = _launch(tmp_path, world, "stop", transport, 30, on_started=stop_one)
+    why = _explain(results, outputs)
+    for rank in range(world):
+        r = results.get(rank)
+        assert r is not None and r.get("ok") and "wrong" not in r, why
+    assert not leaked
+
+
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_a_rank_that_never_calls_is_named_by_the_timeout(tmp_path, backend, transport):
+    if backend != "ringreduce":
+        pytest.skip("faults of ringreduce's transports")
+    world = 3
+    results, outputs, leaked = _launch(tmp_path, world, "absent", transport, 4)
+    why = _explain(results, outputs)
+    named = 0
+    for rank in range(world - 1):
+        r = results.get(rank)
+        assert r is not None and "error" in r, why
+        assert "allreduce #" in r["error"] and "timed out" in r["error"], why
+        named += f"rank {world - 1} has not arrived" in r["error"]
+    # Over shared memory every rank follows the chain of waits to the absent rank. Over TCP a rank
+    # sees only its own peers: the absent rank's neighbour names it, a rank further along the
+    # ring may name the neighbour it waited for when both deadlines pass together.
+    assert named == world - 1 if transport == "auto" else named >= 1, why
+    assert results.get(world - 1, {}).get("skipped"), why
+    assert not leaked
