@@ -43,7 +43,6 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _REPO = os.path.dirname(_HERE)
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMG]?)(?:i?B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-SETUP_TIMEOUT = 30.0
 
 
 def parse_size(text: str) -> int:
@@ -121,7 +120,7 @@ def worker(args) -> int:
     if rank == 0:
         cols = [("size(B)", 12), ("count", 10)]
         for name, _ in backends:
-            cols += [(f"time(us)", 10), ("algbw(GB/s)", 11), ("busbw(GB/s)", 11)]
+            cols += [("time(us)", 10), ("algbw(GB/s)", 11), ("busbw(GB/s)", 11)]
         cols += [("ratio", 7)]
         widths = [w if len(c) <= w else len(c) for c, w in cols]
 
@@ -179,47 +178,6 @@ def worker(args) -> int:
 # The two hosts
 
 
-def _cmd(*args, check=True):
-    p = subprocess.run(list(args), capture_output=True, text=True, timeout=SETUP_TIMEOUT)
-    if check and p.returncode != 0:
-        raise RuntimeError(f"{' '.join(args)} failed ({p.returncode}): {p.stderr.strip()}")
-    return p
-
-
-def private_shm_prefix(ns: str) -> list[str]:
-    """Run what follows in network namespace `ns`, in new IPC and mount namespaces with a tmpfs of
-    its own on /dev/shm."""
-    return ["ip", "netns", "exec", ns, "unshare", "--ipc", "--mount", "--propagation", "private",
-            "sh", "-c", 'mount -t tmpfs tmpfs /dev/shm && exec "$@"', "sh"]
-
-
-class Hosts:
-    def __init__(self, tag: str, subnet: int):
-        self.ns = [f"rrb{tag}a", f"rrb{tag}b"]
-        self.veth = [f"rrbv{tag}a", f"rrbv{tag}b"]
-        self.addr = [f"10.213.{subnet}.1", f"10.213.{subnet}.2"]
-
-    def create(self):
-        for ns in self.ns:
-            _cmd("ip", "netns", "add", ns)
-        _cmd("ip", "link", "add", self.veth[0], "type", "veth", "peer", "name", self.veth[1])
-        for ns, veth, addr in zip(self.ns, self.veth, self.addr):
-            _cmd("ip", "link", "set", veth, "netns", ns)
-            _cmd("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", veth)
-            _cmd("ip", "-n", ns, "link", "set", "lo", "up")
-            _cmd("ip", "-n", ns, "link", "set", veth, "up")
-
-    def destroy(self):
-        for ns in self.ns:
-            for pid in _cmd("ip", "netns", "pids", ns, check=False).stdout.split():
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
-                    pass
-            _cmd("ip", "netns", "del", ns, check=False)
-        _cmd("ip", "link", "del", self.veth[0], check=False)
-
-
 def run(args) -> int:
     if os.geteuid() != 0:
         print("tcp_netns: needs root (network namespaces, mounts): sudo python benchmarks/tcp_netns.py",
@@ -230,13 +188,16 @@ def run(args) -> int:
             print(f"tcp_netns: `{tool}` is not installed", file=sys.stderr)
             return 2
 
+    sys.path.insert(0, _REPO)
+    from ringreduce._netns import destroy_hosts, make_hosts, private_shm_prefix
+
     tag = str(os.getpid())
-    hosts = Hosts(tag, 16 + os.getpid() % 200)
+    hosts = None
     tmp = tempfile.mkdtemp(prefix="rr_tcp_netns_")
     table = os.path.join(tmp, "table.txt")
     procs, logs = [], []
     try:
-        hosts.create()
+        hosts = make_hosts(tag, 16 + os.getpid() % 200)
         base = {k: v for k, v in os.environ.items()
                 if not k.startswith(("RINGREDUCE_", "TORCHELASTIC_"))
                 and k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
@@ -297,7 +258,8 @@ def run(args) -> int:
                 except ProcessLookupError:
                     pass
                 p.wait(timeout=30)
-        hosts.destroy()
+        if hosts is not None:
+            destroy_hosts(hosts)
         for log in logs:
             log.close()
         shutil.rmtree(tmp, ignore_errors=True)

@@ -26,15 +26,16 @@ import subprocess
 import sys
 import textwrap
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from ringreduce._netns import (Hosts, cmd as _cmd, destroy_hosts, kill_namespace_processes,
+                              make_hosts, private_shm_prefix)
+
 REPO = Path(__file__).resolve().parent.parent
 JOB_TIMEOUT = 180.0  # seconds for one torchrun pair, start to finish
 FAILURE_GRACE = 20.0  # seconds the other torchrun may still take once one has failed
-SETUP_TIMEOUT = 30.0  # seconds for any one `ip` / `unshare` command
 RDZV_PORT = 29411
 
 if sys.platform != "linux":
@@ -247,65 +248,6 @@ WORKER = textwrap.dedent(
 # the two hosts
 
 
-@dataclass
-class Hosts:
-    ns: list[str]
-    veth: list[str]
-    addr: list[str]
-
-
-def _cmd(*args, check=True, timeout=SETUP_TIMEOUT):
-    p = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
-    if check and p.returncode != 0:
-        raise RuntimeError(f"{' '.join(args)} failed ({p.returncode}): {p.stderr.strip()}")
-    return p
-
-
-def private_shm_prefix(ns: str) -> list[str]:
-    """Command prefix running what follows inside network namespace `ns`, in a new IPC and
-    mount namespace with a tmpfs of its own on /dev/shm (no shared memory with anyone)."""
-    return ["ip", "netns", "exec", ns, "unshare", "--ipc", "--mount", "--propagation", "private",
-            "sh", "-c", 'mount -t tmpfs tmpfs /dev/shm && exec "$@"', "sh"]
-
-
-def _kill_namespace_processes(ns: str):
-    p = _cmd("ip", "netns", "pids", ns, check=False)
-    for pid in p.stdout.split():
-        try:
-            os.kill(int(pid), signal.SIGKILL)
-        except (ProcessLookupError, ValueError):
-            pass
-
-
-def make_hosts(tag: str, subnet: int) -> Hosts:
-    """Two namespaces `rr<tag>a`/`rr<tag>b` joined by veth `rrv<tag>a` <-> `rrv<tag>b`,
-    10.213.<subnet>.1/24 and .2/24. Raises RuntimeError (after undoing what it made) when a
-    step fails."""
-    h = Hosts(ns=[f"rr{tag}a", f"rr{tag}b"], veth=[f"rrv{tag}a", f"rrv{tag}b"],
-              addr=[f"10.213.{subnet}.1", f"10.213.{subnet}.2"])
-    try:
-        for ns in h.ns:
-            _cmd("ip", "netns", "add", ns)
-        _cmd("ip", "link", "add", h.veth[0], "type", "veth", "peer", "name", h.veth[1])
-        for ns, veth, addr in zip(h.ns, h.veth, h.addr):
-            _cmd("ip", "link", "set", veth, "netns", ns)
-            _cmd("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", veth)
-            _cmd("ip", "-n", ns, "link", "set", "lo", "up")
-            _cmd("ip", "-n", ns, "link", "set", veth, "up")
-    except BaseException:
-        destroy_hosts(h)
-        raise
-    return h
-
-
-def destroy_hosts(h: Hosts):
-    for ns in h.ns:
-        _kill_namespace_processes(ns)
-        _cmd("ip", "netns", "del", ns, check=False)
-    # Normally gone with its namespace; left behind only if moving it failed.
-    _cmd("ip", "link", "del", h.veth[0], check=False)
-
-
 @pytest.fixture(scope="module")
 def hosts():
     tag = str(os.getpid())
@@ -430,7 +372,7 @@ def run_job(h: Hosts, tmp_path: Path, *, use_ifname: bool, port: int, nproc: int
         for p in procs:
             _stop(p)
         for ns in h.ns:  # ranks that outlived their torchrun
-            _kill_namespace_processes(ns)
+            kill_namespace_processes(ns)
     outputs = []
     for log in logs:
         log.seek(0)

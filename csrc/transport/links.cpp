@@ -21,7 +21,8 @@ const char* transport_mode_name(TransportMode m) {
 }
 
 Links::Links(Bootstrap& bs, const std::string& prefix, int rank, int size, const LinkOptions& opts,
-             const std::vector<uint8_t>* local) {
+             const std::vector<uint8_t>* local)
+    : rank_(rank) {
   local_.assign(size, 0);
   if (local != nullptr) {
     RR_CHECK(local->size() == static_cast<size_t>(size), "ringreduce: ", local->size(),
@@ -58,8 +59,8 @@ Links::Links(Bootstrap& bs, const std::string& prefix, int rank, int size, const
 
 std::vector<int> Links::tcp_peers() const {
   std::vector<int> out;
-  for (size_t p = 0; p < local_.size(); ++p) {
-    if (tcp_ && !local_[p] && routed_ && static_cast<int>(p) != tcp_->rank()) out.push_back(static_cast<int>(p));
+  for (int p = 0; p < static_cast<int>(local_.size()); ++p) {
+    if (tcp_ && p != rank_ && !local_[p]) out.push_back(p);
   }
   return out;
 }

@@ -45,6 +45,7 @@ class Links {
   const TcpTransport* tcp() const { return tcp_.get(); }
 
  private:
+  int rank_;
   std::vector<uint8_t> local_;
   std::unique_ptr<ShmTransport> shm_;
   std::unique_ptr<TcpTransport> tcp_;  // after shm_: its hooks point at it

@@ -866,8 +866,6 @@ void TcpTransport::check_peer(int peer, const char* what) const {
            " on rank ", rank_, " names peer ", peer, ", which is not connected over TCP");
 }
 
-std::string TcpTransport::abort_reason_locked() const { return aborted_ ? reason_ : std::string(); }
-
 void TcpTransport::throw_aborted(const OpContext& op, const std::string& why) const {
   throw AbortedError(detail::cat("ringreduce ", op.name, " #", op.seq, ": rank ", rank_,
                                  ": the group was aborted: ", why));
@@ -1061,7 +1059,7 @@ void TcpTransport::abort_group(const std::string& why) {
 
 std::string TcpTransport::abort_reason() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return abort_reason_locked();
+  return aborted_ ? reason_ : std::string();
 }
 
 }  // namespace ringreduce

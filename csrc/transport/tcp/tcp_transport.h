@@ -118,7 +118,6 @@ class TcpTransport final : public Transport {
   void connect_to(int peer, uint32_t socket, const std::string& addr, const Deadline& dl);
   void log(const std::string& what) const;
   void close_all();
-  std::string abort_reason_locked() const;
   [[noreturn]] void throw_aborted(const OpContext& op, const std::string& why) const;
   void check_peer(int peer, const char* what) const;
   // Waits on cv_ (lock held) until ready() with the deadline and abort checks of every wait.
