@@ -187,9 +187,8 @@ def test_a_rank_that_never_calls_is_named_by_the_timeout(tmp_path, backend, tran
         assert r is not None and "error" in r, why
         assert "allreduce #" in r["error"] and "timed out" in r["error"], why
         named += f"rank {world - 1} has not arrived" in r["error"]
-    # Over shared memory every rank follows the chain of waits to the absent rank. Over TCP a rank
-    # sees only its own peers: the absent rank's neighbour names it, a rank further along the
-    # ring may name the neighbour it waited for when both deadlines pass together.
-    assert named == world - 1 if transport == "auto" else named >= 1, why
+    # The rank that times out first follows the chain of waits to the absent rank (reading its
+    # peers' segments over shared memory, asking them over TCP), and its abort tells the others.
+    assert named == world - 1, why
     assert results.get(world - 1, {}).get("skipped"), why
     assert not leaked

@@ -14,6 +14,8 @@ RoutedTransport::RoutedTransport(int rank, int size, ShmTransport* shm, TcpTrans
     RR_CHECK(over_tcp_[p] ? tcp_ != nullptr : (shm_ != nullptr && shm_->is_local(p)),
              "ringreduce: rank ", rank, " has no transport to rank ", p);
   }
+  if (shm_) shm_->follow_chains_through(this);
+  if (tcp_) tcp_->follow_chains_through(this);
 }
 
 TcpHooks RoutedTransport::hooks_beside(ShmTransport* shm) {
@@ -22,6 +24,8 @@ TcpHooks RoutedTransport::hooks_beside(ShmTransport* shm) {
   h.on_abort = [shm](const std::string& why) { shm->abort_group(why); };
   h.external_abort = [shm] { return shm->abort_reason(); };
   h.ring_doorbell = [shm] { shm->ring_doorbell(); };
+  h.own_state = [shm] { return shm->own_state(); };
+  h.note_state = [shm](uint64_t op_seq, int32_t blocked_on) { shm->note_state(op_seq, blocked_on); };
   return h;
 }
 
@@ -104,6 +108,20 @@ std::string RoutedTransport::abort_reason() const {
   std::string r = shm_ ? shm_->abort_reason() : std::string();
   if (r.empty() && tcp_) r = tcp_->abort_reason();
   return r;
+}
+
+PeerState RoutedTransport::own_state() const {
+  // The TCP side merges in the shared-memory side's (hooks_beside).
+  return tcp_ ? tcp_->own_state() : shm_->own_state();
+}
+
+PeerState RoutedTransport::peer_state(int peer, const Deadline& dl) {
+  if (peer < 0 || peer >= size_ || peer == rank_) {
+    PeerState s;
+    s.unknown = detail::cat("rank ", peer, " is not a peer of rank ", rank_);
+    return s;
+  }
+  return to(peer).peer_state(peer, dl);
 }
 
 }  // namespace ringreduce

@@ -5,6 +5,9 @@
 // Aborts cross over: an error raised by either side aborts the other too (so a rank that times out
 // on a shared-memory hop also stops its TCP peers, and a peer lost over TCP stops the local ones),
 // and the TCP side polls the shared-memory side's abort flag in its waits.
+//
+// Timeouts: both sides follow chains of waits through this transport, so a chain that crosses
+// hosts is followed over both.
 #pragma once
 
 #include <memory>
@@ -40,6 +43,9 @@ class RoutedTransport final : public Transport {
   void wait_doorbell(uint32_t seen, std::chrono::nanoseconds at_most) override;
   void abort_group(const std::string& why) override;
   std::string abort_reason() const override;
+  // This rank's state is split between the two: the later op wins, with whom it waits for there.
+  PeerState own_state() const override;
+  PeerState peer_state(int peer, const Deadline& dl) override;
 
  private:
   Transport& to(int peer) const;

@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "common/error.h"
+
 namespace ringreduce {
 
 const char* op_kind_name(OpKind k) {
@@ -22,6 +24,37 @@ const char* op_kind_name(OpKind k) {
     case OpKind::P2pCancel: return "p2p cancel";
   }
   return "unknown op";
+}
+
+PeerState later_of(const PeerState& a, const PeerState& b) {
+  if (a.op_seq != b.op_seq) return a.op_seq > b.op_seq ? a : b;
+  return a.blocked_on >= 0 ? a : b;
+}
+
+std::string follow_waits(Transport& view, int peer, const OpContext& op) {
+  const int self = view.rank(), size = view.size();
+  const Deadline walk = Deadline::after(kChainBudget);
+  int p = peer;
+  for (int hops = 0; hops < size; ++hops) {
+    const PeerState s = view.peer_state(p, walk);
+    if (!s.known) return detail::cat("the state of rank ", p, " is unknown: ", s.unknown);
+    const uint64_t at = s.op_seq;
+    if (at < op.seq + 1) {
+      return at == 0 ? detail::cat("rank ", p, " has not arrived at this op (it has run no op yet)")
+                     : detail::cat("rank ", p, " has not arrived at this op (the last op it reached is #",
+                                   at - 1, ")");
+    }
+    if (at > op.seq + 1) {
+      return detail::cat("rank ", p, " is already at op #", at - 1,
+                         ": the ranks did not issue the same ops");
+    }
+    const int next = s.blocked_on;
+    if (next < 0 || next == self || next >= size) {
+      return detail::cat("rank ", p, " is in this op but makes no progress");
+    }
+    p = next;
+  }
+  return "every rank of the chain is waiting for another";
 }
 
 std::string incarnation_prefix(Bootstrap& bs, int size) {

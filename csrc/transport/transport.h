@@ -50,6 +50,17 @@ struct MsgHeader {
 };
 static_assert(sizeof(MsgHeader) == 32, "MsgHeader is part of the shared-memory layout");
 
+// Where a rank stands, as a peer that timed out waiting for it sees it: which op it last entered
+// and whom it sleeps waiting for. Read from its segment over shared memory, asked for over TCP.
+struct PeerState {
+  bool known = false;       // false: it could not be learned, and `unknown` says why
+  uint64_t op_seq = 0;      // 1 + the sequence number of the latest op it entered; 0: none yet
+  int32_t blocked_on = -1;  // the rank it is waiting for, -1 when it is not waiting
+  std::string unknown;
+};
+
+
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -89,7 +100,34 @@ class Transport {
   virtual void abort_group(const std::string& why) = 0;
   // The reason the first abort_group recorded, or "" while the group is healthy.
   virtual std::string abort_reason() const = 0;
+
+  // This rank's own state, and a peer's as far as this transport can learn it before `dl` (a
+  // query over TCP, a read of its segment over shared memory). For the diagnosis of timeouts.
+  virtual PeerState own_state() const = 0;
+  virtual PeerState peer_state(int peer, const Deadline& dl) = 0;
+
+  // In a group that routes peers over several transports, each of them follows chains of waits
+  // through the routing one, which sees every peer; by default a transport does so through
+  // itself. Used only by the waits of ops, which run through the routing transport.
+  void follow_chains_through(Transport* t) { chain_view_ = t; }
+
+ protected:
+  Transport& chain_view() const { return *chain_view_; }
+
+ private:
+  Transport* chain_view_ = this;
 };
+
+// Of two partial views of one rank's state (one per transport of a mixed group), the one in the
+// later op, and of two in the same op the one that is waiting.
+PeerState later_of(const PeerState& a, const PeerState& b);
+
+// Who holds a group up, for a timeout of this rank waiting for `peer` in `op`: a sentence. A rank
+// waits for its neighbour, which may itself wait for its own; the chain is followed through
+// view.peer_state (at most one hop per rank, within kChainBudget in all) to the rank that is not
+// where the others are.
+constexpr std::chrono::milliseconds kChainBudget{2000};
+std::string follow_waits(Transport& view, int peer, const OpContext& op);
 
 // The bootstrap: a key-value store every rank of the group can reach (the c10d store in the torch
 // layer, an in-process map in the C++ tests). get() waits for the key up to the store's timeout.

@@ -230,6 +230,55 @@ RR_TEST(a_peer_that_goes_away_mid_op_fails_the_others_naming_it) {
   }
 }
 
+RR_TEST(an_absent_rank_is_named_by_every_waiting_rank_across_hosts) {
+  // The last rank never calls the all-reduce. The others wait in a chain (each for its left
+  // neighbour), partly over TCP, and whichever times out first follows the chain by asking its
+  // peers where they stand: every waiting rank's error names the absent one.
+  const std::vector<std::vector<int>> layouts = {{0, 1, 2}, {0, 1, 2, 3}, {0, 0, 1, 1}, {0, 1, 1, 0}};
+  for (const auto& host_of : layouts) {
+    const int n = static_cast<int>(host_of.size());
+    const int absent = n - 1;
+    MapBootstrap bs;
+    std::atomic<int> done{0};
+    std::vector<double> seconds(n, 0);
+    const auto errors = run_ranks(n, [&](int r) {
+      RankTransports t = make_transports(bs, incarnation_prefix(bs, n), r, n, host_of, 4096, 2);
+      Ring ring(*t.routed, 4096);
+      uint64_t seq = 0;
+      allreduce_checks(ring, r, n, 3, seq);
+      if (r == absent) {
+        // Alive, with its transports answering, but not in the op.
+        while (done.load() != n - 1) std::this_thread::yield();
+        return;
+      }
+      std::vector<int32_t> x(100000, 1);
+      OpContext c = ctx(seq);
+      c.timeout = milliseconds(500);
+      const auto start = Clock::now();
+      try {
+        ring.allreduce(x.data(), x.data(), x.size(), DType::Int32, RedOp::Sum, 1, c,
+                       Deadline::after(c.timeout));
+      } catch (...) {
+        seconds[r] = std::chrono::duration<double>(Clock::now() - start).count();
+        ++done;
+        throw;
+      }
+      ++done;
+    });
+    for (int r = 0; r < n; ++r) {
+      if (r == absent) {
+        RR_EXPECT(errors[r].empty(), "rank ", r, ": ", errors[r]);
+        continue;
+      }
+      RR_EXPECT(errors[r].find(detail::cat("rank ", absent, " has not arrived at this op")) != std::string::npos &&
+                    errors[r].find("allreduce #5") != std::string::npos,
+                "hosts ", host_of[0], host_of[1], host_of[2], n > 3 ? host_of[3] : -1, ": rank ", r,
+                ": ", errors[r]);
+      RR_EXPECT(seconds[r] < 5, "rank ", r, " took ", seconds[r], " s");
+    }
+  }
+}
+
 RR_TEST(frame_and_hello_checks) {
   tcp::HelloExpect e;
   e.world = 4;
@@ -275,6 +324,22 @@ RR_TEST(frame_and_hello_checks) {
   f.type = 3;
   f.len = 1;
   RR_EXPECT(!tcp::check_frame_head(f, 4096).empty(), "a goodbye with a body is accepted");
+  f.type = 4;
+  f.len = 0;
+  RR_EXPECT(tcp::check_frame_head(f, 4096).empty(), "a query is refused");
+  f.len = 16;
+  RR_EXPECT(!tcp::check_frame_head(f, 4096).empty(), "a query with a body is accepted");
+  f.type = 5;
+  RR_EXPECT(tcp::check_frame_head(f, 4096).empty(), "a state frame is refused");
+  f.len = 17;
+  RR_EXPECT(!tcp::check_frame_head(f, 4096).empty(), "a state frame of the wrong size is accepted");
+  tcp::StateBody st;
+  st.blocked_on = 3;
+  RR_EXPECT(tcp::check_state_body(st, 4).empty(), "a valid state is refused");
+  st.blocked_on = 4;
+  RR_EXPECT(!tcp::check_state_body(st, 4).empty(), "a state naming a rank outside the group is accepted");
+  st.blocked_on = -2;
+  RR_EXPECT(!tcp::check_state_body(st, 4).empty(), "a state naming rank -2 is accepted");
   f.type = 9;
   f.len = 0;
   RR_EXPECT(!tcp::check_frame_head(f, 4096).empty(), "an unknown frame type is accepted");

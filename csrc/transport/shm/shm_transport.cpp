@@ -292,7 +292,14 @@ void ShmTransport::wait_until(WaitWord& word, Ready ready, int peer, const char*
       const std::string msg = detail::cat(
           "ringreduce ", op.name, " #", op.seq, ": rank ", rank_, " timed out after ",
           op.timeout.count(), " ms waiting for rank ", peer, " (", waiting_for, "); ",
-          diagnose(peer, op));
+          follow_waits(chain_view(), peer, op));
+      // An abort that came in meanwhile is an earlier rank's timeout, which saw more of the chain
+      // (this rank may have found that rank no longer waiting).
+      const std::string earlier = chain_view().abort_reason();
+      if (!earlier.empty()) {
+        throw AbortedError(detail::cat("ringreduce ", op.name, " #", op.seq, ": rank ", rank_,
+                                       ": the group was aborted: ", earlier));
+      }
       abort_group(msg);  // let every other rank fail now rather than at its own deadline
       throw TimeoutError(msg);
     }
@@ -319,30 +326,32 @@ void ShmTransport::wait_until(WaitWord& word, Ready ready, int peer, const char*
   }
 }
 
-std::string ShmTransport::diagnose(int peer, const OpContext& op) const {
-  // A rank waits for its neighbour, which may itself wait for its own: follow the chain to the
-  // rank that is not where the others are.
-  int p = peer;
-  for (int hops = 0; hops < size_; ++hops) {
-    const Segment* s = segment(p);
-    if (s == nullptr) return detail::cat("rank ", p, " is on another host; its state is not visible here");
-    const uint64_t at = s->op_seq.load(std::memory_order_acquire);
-    if (at < op.seq + 1) {
-      return at == 0 ? detail::cat("rank ", p, " has not arrived at this op (it has run no op yet)")
-                     : detail::cat("rank ", p, " has not arrived at this op (the last op it reached is #",
-                                   at - 1, ")");
-    }
-    if (at > op.seq + 1) {
-      return detail::cat("rank ", p, " is already at op #", at - 1,
-                         ": the ranks did not issue the same ops");
-    }
-    const int next = s->blocked_on.load(std::memory_order_relaxed);
-    if (next < 0 || next == rank_) {
-      return detail::cat("rank ", p, " is in this op but makes no progress");
-    }
-    p = next;
+PeerState ShmTransport::own_state() const {
+  const Segment* s = segment(rank_);
+  PeerState st;
+  st.known = true;
+  st.op_seq = s->op_seq.load(std::memory_order_acquire);
+  st.blocked_on = s->blocked_on.load(std::memory_order_relaxed);
+  return st;
+}
+
+void ShmTransport::note_state(uint64_t op_seq, int32_t blocked_on) {
+  Segment* s = segment(rank_);
+  s->op_seq.store(op_seq, std::memory_order_relaxed);
+  s->blocked_on.store(blocked_on, std::memory_order_relaxed);
+}
+
+PeerState ShmTransport::peer_state(int peer, const Deadline&) {
+  PeerState st;
+  const Segment* s = peer >= 0 && peer < size_ && peer != rank_ ? segment(peer) : nullptr;
+  if (s == nullptr) {
+    st.unknown = "it is on another host, and its state is not visible here";
+    return st;
   }
-  return "every rank of the chain is waiting for another";
+  st.known = true;
+  st.op_seq = s->op_seq.load(std::memory_order_acquire);
+  st.blocked_on = s->blocked_on.load(std::memory_order_relaxed);
+  return st;
 }
 
 void* ShmTransport::send_begin(int peer, const OpContext& op, const Deadline& dl) {

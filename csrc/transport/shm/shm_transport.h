@@ -62,6 +62,11 @@ class ShmTransport final : public Transport {
 
   void abort_group(const std::string& why) override;
   std::string abort_reason() const override;
+  PeerState own_state() const override;
+  PeerState peer_state(int peer, const Deadline& dl) override;
+  // Records where this rank stands in its segment, for a wait on another transport of a mixed
+  // group: local peers that follow a chain of waits read it there.
+  void note_state(uint64_t op_seq, int32_t blocked_on);
 
   // Whether messages to and from `peer` go through shared memory.
   bool is_local(int peer) const {
@@ -86,8 +91,6 @@ class ShmTransport final : public Transport {
   void wait_until(WaitWord& word, Ready ready, int peer, const char* waiting_for,
                   const OpContext& op, const Deadline& dl);
   [[noreturn]] void throw_aborted(const OpContext& op) const;
-  // Who is missing, for a timeout while waiting for `peer` in `op`: a sentence.
-  std::string diagnose(int peer, const OpContext& op) const;
   void check_peer(int peer, const char* what) const;
   void ring(int owner);
   void unmap_all();

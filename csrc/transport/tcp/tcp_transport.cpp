@@ -179,7 +179,13 @@ struct TcpTransport::Conn {
 
   // Sending. The queues are filled under mu_ by any thread; the rest is the I/O thread's.
   std::deque<uint64_t> outq;       // messages to write, in order
-  std::deque<std::string> ctrl;    // whole Abort / Bye frames, written between messages
+  // Control frames, written between messages: Abort, Query and State ahead of queued data (they
+  // are urgent), Bye after all of it.
+  struct Ctrl {
+    tcp::FrameType type;
+    std::string body;
+  };
+  std::deque<Ctrl> ctrl;
   bool writing = false;            // a frame is half written
   bool writing_ctrl = false;
   bool inline_writer = false;      // send_end is writing a frame from the caller's thread
@@ -187,7 +193,8 @@ struct TcpTransport::Conn {
   bool want_out = false;
 
   // Receiving (I/O thread).
-  enum class In { Head, MsgHeader, Payload, Reason } in = In::Head;
+  enum class In { Head, MsgHeader, Payload, Reason, State } in = In::Head;
+  tcp::StateBody state{};
   tcp::FrameHead head{};
   MsgHeader hdr{};
   size_t in_off = 0;
@@ -214,6 +221,10 @@ struct TcpTransport::Peer {
   // the peer shut its group down cleanly and nothing more will come from it.
   uint32_t byes = 0;
   bool departed(uint32_t sockets) const { return byes == sockets; }
+  // State queries sent to the peer and answers received, and the latest answer.
+  uint64_t queries = 0;
+  uint64_t answers = 0;
+  tcp::StateBody state{};
 };
 
 TcpTransport::TcpTransport(Bootstrap& bs, const std::string& prefix, int rank, int size,
@@ -347,7 +358,7 @@ TcpTransport::~TcpTransport() {
     for (auto& pr : peers_) {
       if (!pr) continue;
       for (Conn* c : pr->conns) {
-        if (c != nullptr && !c->closed) c->ctrl.push_back(std::string());  // empty: a Bye
+        if (c != nullptr && !c->closed) c->ctrl.push_back({tcp::FrameType::Bye, {}});
       }
     }
   }
@@ -632,6 +643,7 @@ void TcpTransport::service(Conn& c) {
   if (c.closed) return;
   if (!flush(c)) return;
   if (!drain(c)) return;
+  if (!flush(c)) return;  // answers to the queries drain() found
   update_interest(c);
 }
 
@@ -652,13 +664,13 @@ bool TcpTransport::flush(Conn& c) {
     const uint8_t* data;
     size_t total;
     uint64_t msg = 0;
-    std::string frame;  // a control frame, copied out of the queue
+    std::string frame;  // a control frame, built from the queue's front
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (c.inline_writer) return true;  // send_end has the socket; it wakes us if it stops short
       if (!c.writing) {
         // An Abort goes out before queued data (it is urgent); a Bye only after all of it.
-        if (!c.ctrl.empty() && (!c.ctrl.front().empty() || c.outq.empty())) {
+        if (!c.ctrl.empty() && (c.ctrl.front().type != tcp::FrameType::Bye || c.outq.empty())) {
           c.writing = true;
           c.writing_ctrl = true;
         } else if (!c.outq.empty()) {
@@ -671,19 +683,17 @@ bool TcpTransport::flush(Conn& c) {
         c.out_off = 0;
       }
       if (c.writing_ctrl) {
-        frame = c.ctrl.front();
+        const Conn::Ctrl& f = c.ctrl.front();
+        tcp::FrameHead h;
+        h.type = static_cast<uint32_t>(f.type);
+        h.len = static_cast<uint32_t>(std::min(f.body.size(), tcp::kMaxReasonBytes));
+        frame.assign(reinterpret_cast<const char*>(&h), sizeof h);
+        frame.append(f.body, 0, h.len);
       } else {
         msg = c.outq.front();
       }
     }
     if (c.writing_ctrl) {
-      // Built here: an empty queued string is a Bye, any other the reason of an Abort.
-      tcp::FrameHead h;
-      h.type = static_cast<uint32_t>(frame.empty() ? tcp::FrameType::Bye : tcp::FrameType::Abort);
-      h.len = static_cast<uint32_t>(std::min(frame.size(), tcp::kMaxReasonBytes));
-      std::string bytes(reinterpret_cast<const char*>(&h), sizeof h);
-      bytes.append(frame, 0, h.len);
-      frame.swap(bytes);
       data = reinterpret_cast<const uint8_t*>(frame.data());
       total = frame.size();
     } else {
@@ -754,6 +764,10 @@ bool TcpTransport::drain(Conn& c) {
         into = reinterpret_cast<uint8_t*>(&c.reason[0]);
         want = c.reason.size();
         break;
+      case Conn::In::State:
+        into = reinterpret_cast<uint8_t*>(&c.state);
+        want = sizeof c.state;
+        break;
     }
     if (c.in_off < want) {
       const ssize_t n = recv(c.fd, into + c.in_off, want - c.in_off, 0);
@@ -799,6 +813,17 @@ bool TcpTransport::drain(Conn& c) {
             c.in = Conn::In::Head;
             abort_group(detail::cat("rank ", c.peer, " aborted the group"));
           }
+        } else if (type == tcp::FrameType::Query) {
+          // Answered by this thread, so a rank whose own thread is stuck in an op still answers.
+          const PeerState me = own_state();
+          tcp::StateBody body;
+          body.op_seq = me.op_seq;
+          body.blocked_on = me.blocked_on;
+          std::lock_guard<std::mutex> lock(mu_);
+          c.ctrl.push_back({tcp::FrameType::State,
+                            std::string(reinterpret_cast<const char*>(&body), sizeof body)});
+        } else if (type == tcp::FrameType::State) {
+          c.in = Conn::In::State;
         } else {  // Bye
           c.said_bye = true;
           {
@@ -835,6 +860,21 @@ bool TcpTransport::drain(Conn& c) {
         c.in = Conn::In::Head;
         abort_group(c.reason);
         break;
+      case Conn::In::State: {
+        c.in = Conn::In::Head;
+        const std::string why = tcp::check_state_body(c.state, size_);
+        if (!why.empty()) {
+          conn_failed(c, detail::cat("it sent ", why));
+          return false;
+        }
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          pr.state = c.state;
+          ++pr.answers;
+        }
+        cv_.notify_all();
+        break;
+      }
     }
   }
 }
@@ -874,6 +914,20 @@ void TcpTransport::throw_aborted(const OpContext& op, const std::string& why) co
 template <class Ready>
 void TcpTransport::wait_until(std::unique_lock<std::mutex>& lock, Ready ready, int peer,
                               const char* waiting_for, const OpContext& op, const Deadline& dl) {
+  op_seq_.store(op.seq + 1, std::memory_order_relaxed);
+  if (hooks_.note_state) hooks_.note_state(op.seq + 1, -1);
+  if (ready()) return;
+  // From here on we sleep: say on whom, for a peer that follows the chain of waits.
+  blocked_on_.store(peer, std::memory_order_relaxed);
+  if (hooks_.note_state) hooks_.note_state(op.seq + 1, peer);
+  struct Unblock {
+    TcpTransport& t;
+    uint64_t at;
+    ~Unblock() {
+      t.blocked_on_.store(-1, std::memory_order_relaxed);
+      if (t.hooks_.note_state) t.hooks_.note_state(at, -1);
+    }
+  } unblock{*this, op.seq + 1};
   for (;;) {
     if (ready()) return;
     if (aborted_) throw_aborted(op, reason_);
@@ -894,11 +948,15 @@ void TcpTransport::wait_until(std::unique_lock<std::mutex>& lock, Ready ready, i
       throw Error(msg);
     }
     if (dl.passed()) {
+      lock.unlock();
       const std::string msg = detail::cat(
           "ringreduce ", op.name, " #", op.seq, ": rank ", rank_, " timed out after ",
-          op.timeout.count(), " ms waiting for rank ", peer, " (", waiting_for,
-          ") over TCP; rank ", peer, " has not arrived at this op or makes no progress");
-      lock.unlock();
+          op.timeout.count(), " ms waiting for rank ", peer, " (", waiting_for, ") over TCP; ",
+          follow_waits(chain_view(), peer, op));
+      // An abort that came in meanwhile is an earlier rank's timeout, which saw more of the chain
+      // (this rank may have found that rank no longer waiting).
+      const std::string earlier = chain_view().abort_reason();
+      if (!earlier.empty()) throw_aborted(op, earlier);
       abort_group(msg);
       throw TimeoutError(msg);
     }
@@ -907,7 +965,7 @@ void TcpTransport::wait_until(std::unique_lock<std::mutex>& lock, Ready ready, i
 }
 
 void* TcpTransport::send_begin(int peer, const OpContext& op, const Deadline& dl) {
-  check_peer(peer, "send");
+  check_peer(peer, "send");  // wait_until records the op in op_seq_
   Peer& pr = *peers_[peer];
   std::unique_lock<std::mutex> lock(mu_);
   const size_t s = pr.sent % cfg_.nslots;
@@ -948,6 +1006,7 @@ void TcpTransport::send_end(int peer, const MsgHeader& hdr) {
   const size_t total = (kPayloadAt - kFrameAt) + hdr.bytes;
   size_t off = 0;
   int err = 0;
+  bool wake = false;
   while (off < total) {
     const ssize_t n = send(c->fd, data + off, total - off, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n > 0) {
@@ -968,9 +1027,11 @@ void TcpTransport::send_end(int peer, const MsgHeader& hdr) {
       c->outq.pop_front();
       pr.send_busy[k % cfg_.nslots] = 0;
     }
+    // The rest (or the error, which the I/O thread's own send will meet and report) goes on
+    // there, and so do control frames queued while this thread had the socket.
+    if (off != total || err != 0 || !c->ctrl.empty()) wake = true;
   }
-  // The rest (or the error, which the I/O thread's own send will meet and report) goes on there.
-  if (off != total || err != 0) wake_io();
+  if (wake) wake_io();
 }
 
 const void* TcpTransport::recv_begin(int peer, MsgHeader* hdr, const OpContext& op,
@@ -1045,7 +1106,7 @@ void TcpTransport::abort_group(const std::string& why) {
       for (auto& pr : peers_) {
         if (!pr) continue;
         for (Conn* c : pr->conns) {
-          if (c != nullptr && !c->closed) c->ctrl.push_back(reason_);
+          if (c != nullptr && !c->closed) c->ctrl.push_back({tcp::FrameType::Abort, reason_});
         }
       }
     }
@@ -1055,6 +1116,56 @@ void TcpTransport::abort_group(const std::string& why) {
   notify_progress();
   ring_doorbell();
   if (hooks_.on_abort) hooks_.on_abort(why);
+}
+
+PeerState TcpTransport::own_state() const {
+  PeerState s;
+  s.known = true;
+  s.op_seq = op_seq_.load(std::memory_order_relaxed);
+  s.blocked_on = blocked_on_.load(std::memory_order_relaxed);
+  // The I/O thread calls this too, so the other side of a mixed group comes through a hook (whose
+  // transport outlives this one), not through the routing transport.
+  return hooks_.own_state ? later_of(s, hooks_.own_state()) : s;
+}
+
+PeerState TcpTransport::peer_state(int peer, const Deadline& dl) {
+  PeerState s;
+  if (peer < 0 || peer >= size_ || peer == rank_ || !peers_[peer]) {
+    s.unknown = detail::cat("rank ", peer, " is not connected to rank ", rank_, " over TCP");
+    return s;
+  }
+  Peer& pr = *peers_[peer];
+  std::unique_lock<std::mutex> lock(mu_);
+  Conn* c = nullptr;
+  for (Conn* x : pr.conns) {
+    if (x != nullptr && !x->closed) {
+      c = x;
+      break;
+    }
+  }
+  if (c == nullptr) {
+    s.unknown = "its connections to this rank are closed";
+    return s;
+  }
+  const uint64_t ticket = ++pr.queries;
+  c->ctrl.push_back({tcp::FrameType::Query, {}});
+  lock.unlock();
+  wake_io();
+  lock.lock();
+  // Its I/O thread answers, whatever its ranks' own thread is doing; one that does not answer is
+  // stopped or starved of CPU.
+  const auto start = Clock::now();
+  if (!cv_.wait_until(lock, dl.at, [&] { return pr.answers >= ticket || c->closed; }) ||
+      pr.answers < ticket) {
+    s.unknown = detail::cat("it did not answer a state query within ",
+                            std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count(),
+                            " ms (its process is stopped, starved of CPU, or gone)");
+    return s;
+  }
+  s.known = true;
+  s.op_seq = pr.state.op_seq;
+  s.blocked_on = pr.state.blocked_on;
+  return s;
 }
 
 std::string TcpTransport::abort_reason() const {

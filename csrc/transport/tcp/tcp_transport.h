@@ -21,6 +21,9 @@
 // Failures: a peer's socket that ends without a Bye frame (its process died) or fails aborts the
 // group with a reason naming that peer; an Abort frame carries a peer's abort here; every wait
 // also polls an external abort (the shared-memory side of a mixed group) at least every 100 ms.
+// A wait that times out follows the chain of waits by asking peers where they stand (Query and
+// State frames, answered by their I/O threads), so the error names the rank that holds the group
+// up, not just the neighbour it waited for.
 #pragma once
 
 #include <atomic>
@@ -59,6 +62,11 @@ struct TcpHooks {
   // Rung for every message that arrives and every send slot freed, where doorbells are on,
   // instead of this transport's own doorbell.
   std::function<void()> ring_doorbell;
+  // This rank's state on the other side, merged into the State frames this transport sends.
+  std::function<PeerState()> own_state;
+  // Told where this rank stands whenever a wait here enters an op or starts or stops sleeping,
+  // so that peers on the other side (which read it from shared memory) see it too.
+  std::function<void(uint64_t op_seq, int32_t blocked_on)> note_state;
 };
 
 // The IPv4 address to listen on: that of interface `ifname` when given (RINGREDUCE_SOCKET_IFNAME),
@@ -93,6 +101,9 @@ class TcpTransport final : public Transport {
 
   void abort_group(const std::string& why) override;
   std::string abort_reason() const override;
+  PeerState own_state() const override;
+  // Sends the peer a Query frame and waits until `dl` for its State.
+  PeerState peer_state(int peer, const Deadline& dl) override;
 
   // "ip:port" this rank listens on.
   const std::string& address() const { return address_; }
@@ -153,6 +164,9 @@ class TcpTransport final : public Transport {
   bool aborted_ = false;
   std::string reason_;
   std::atomic<uint64_t> rejected_{0};
+  // This rank's state as a State frame gives it: set by the ring's thread in its waits.
+  std::atomic<uint64_t> op_seq_{0};
+  std::atomic<int32_t> blocked_on_{-1};
   WaitWord doorbell_;
 };
 

@@ -67,8 +67,23 @@ std::string check_frame_head(const FrameHead& head, size_t slot_bytes) {
     case FrameType::Bye:
       if (head.len != 0) return detail::cat("a goodbye frame of ", head.len, " bytes");
       return "";
+    case FrameType::Query:
+      if (head.len != 0) return detail::cat("a query frame of ", head.len, " bytes");
+      return "";
+    case FrameType::State:
+      if (head.len != sizeof(StateBody)) {
+        return detail::cat("a state frame of ", head.len, " bytes (", sizeof(StateBody), " expected)");
+      }
+      return "";
   }
   return detail::cat("a frame of unknown type ", head.type);
+}
+
+std::string check_state_body(const StateBody& body, int world) {
+  if (body.blocked_on < -1 || body.blocked_on >= world) {
+    return detail::cat("a state that waits for rank ", body.blocked_on, " in a group of ", world);
+  }
+  return "";
 }
 
 std::string check_data_header(const MsgHeader& hdr, uint32_t len) {

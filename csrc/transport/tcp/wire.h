@@ -9,7 +9,8 @@
 // After the Hellos, each side sends frames: an 8-byte FrameHead (type, body length), then the
 // body. A Data body is a MsgHeader followed by its payload; Abort carries the reason a rank
 // aborted the group; Bye says the rank shut its group down cleanly (an end of stream without it
-// means the peer died). Lengths are checked against the slot size before a byte of the body is
+// means the peer died). Query asks the peer where it stands, and State is its answer: a rank that
+// timed out follows the chain of waits with them (see follow_waits in transport.h). Lengths are checked against the slot size before a byte of the body is
 // read, so a corrupt or hostile peer cannot steer a read past a buffer.
 #pragma once
 
@@ -41,7 +42,15 @@ struct Hello {
 };
 static_assert(sizeof(Hello) == 64, "Hello is a wire format");
 
-enum class FrameType : uint32_t { Data = 1, Abort = 2, Bye = 3 };
+enum class FrameType : uint32_t { Data = 1, Abort = 2, Bye = 3, Query = 4, State = 5 };
+
+// The body of a State frame.
+struct StateBody {
+  uint64_t op_seq = 0;      // PeerState::op_seq
+  int32_t blocked_on = -1;  // PeerState::blocked_on
+  uint32_t reserved = 0;
+};
+static_assert(sizeof(StateBody) == 16, "StateBody is a wire format");
 
 struct FrameHead {
   uint32_t type = 0;  // FrameType
@@ -68,6 +77,9 @@ std::string check_hello(const void* bytes, size_t n, const HelloExpect& expect, 
 // Checks a frame head; returns "" if a body of head.len bytes of that type may be read with
 // slots of `slot_bytes`, otherwise why not.
 std::string check_frame_head(const FrameHead& head, size_t slot_bytes);
+
+// Checks a State body from a group of `world` ranks; "" if it may be believed.
+std::string check_state_body(const StateBody& body, int world);
 
 // Checks the MsgHeader that opens a Data body of `len` bytes; "" if its payload length agrees.
 std::string check_data_header(const MsgHeader& hdr, uint32_t len);
