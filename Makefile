@@ -19,7 +19,7 @@ BENCH_ARGS ?=
 PYTEST_ARGS ?=
 
 PY := $(VENV)/bin/python
-DEPS_REV := 2# bump when the list of packages below changes, so existing .venvs get them
+DEPS_REV := 3# bump when the list of packages below changes, so existing .venvs get them
 DEPS_STAMP := $(VENV)/.deps-torch-$(TORCH_VERSION)-$(DEPS_REV)
 BUILD_STAMP := $(VENV)/.built
 SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.h' -o -name '*.cu') setup.py pyproject.toml
@@ -33,7 +33,7 @@ setup: $(DEPS_STAMP)
 $(DEPS_STAMP):
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"
-	$(PY) -m pip install --quiet pybind11 ninja pytest numpy scikit-learn setuptools wheel
+	$(PY) -m pip install --quiet pybind11 ninja pytest hypothesis numpy scikit-learn setuptools wheel
 	rm -f $(VENV)/.deps-torch-* $(BUILD_STAMP)
 	touch $@
 
@@ -58,11 +58,12 @@ test-cpp: $(DEPS_STAMP)
 	PATH="$(abspath $(VENV))/bin:$$PATH" cmake --build build/tsan -j $(MAX_JOBS)
 	ctest --test-dir build/tsan --output-on-failure
 
-# Then the collective and point-to-point suites again over TCP alone (loopback): the ring code is
-# the same, the transport under it is not.
+# Then the collective, point-to-point and soak suites again over TCP alone (loopback): the ring
+# code is the same, the transport under it is not.
 test-py: $(BUILD_STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests
-	RINGREDUCE_TRANSPORT=tcp $(PY) -m pytest -q $(PYTEST_ARGS) tests/test_collectives.py tests/test_p2p.py
+	RINGREDUCE_TRANSPORT=tcp $(PY) -m pytest -q $(PYTEST_ARGS) tests/test_collectives.py tests/test_p2p.py \
+		tests/test_soak.py
 
 bench: $(BUILD_STAMP)
 	$(PY) -m ringreduce.bench -g 2 $(BENCH_ARGS)

@@ -1,11 +1,15 @@
-// The Python module ringreduce._C: the backend class and build facts. Nothing else lives here.
+// The Python module ringreduce._C: the backend class, the DDP buckets, the TCP wire checks (for
+// the fuzz tests) and build facts. Nothing else lives here.
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/python.h>
 
+#include <cstring>
+
 #include "backend/ring_backend.h"
 #include "bucket/buckets.h"
+#include "transport/tcp/wire.h"
 
 namespace py = pybind11;
 
@@ -34,7 +38,15 @@ PYBIND11_MODULE(_C, m) {
       .def("tcp_peers", &ringreduce::RingBackend::tcp_peers,
            "Ranks of this group reached over TCP (those whose shared memory is not reachable).")
       .def("tcp_address", &ringreduce::RingBackend::tcp_address,
-           "The ip:port this rank listens on for its TCP peers, '' without any.");
+           "The ip:port this rank listens on for its TCP peers, '' without any.")
+      .def("dump_flight_recorder", &ringreduce::RingBackend::dump_flight_recorder,
+           py::arg("directory") = "", py::arg("reason") = "requested",
+           "Writes this rank's flight recorder of the group (its last ops) to a JSON file in "
+           "`directory` (RINGREDUCE_FLIGHT_DIR when empty) and returns its path.")
+      .def_property_readonly("flight_dir", &ringreduce::RingBackend::flight_dir)
+      .def_property_readonly("flight_capacity", &ringreduce::RingBackend::flight_capacity)
+      .def_property_readonly("flight_group", &ringreduce::RingBackend::flight_group,
+                             "The group's name in flight-recorder dumps (the same on every rank).");
 
   // Gradient buckets of ringreduce.DistributedDataParallel (see bucket/buckets.h).
   using ringreduce::Buckets;
@@ -63,6 +75,65 @@ PYBIND11_MODULE(_C, m) {
       .def("write_back", &Buckets::write_back, py::arg("bucket"), py::arg("used"),
            py::arg("grad_as_view"))
       .def("end_iteration", &Buckets::end_iteration);
+
+  // The checks the TCP transport applies to what it reads from a socket (transport/tcp/wire.h),
+  // on raw bytes, so that fuzz tests reach exactly the code a hostile peer would.
+  namespace tcp = ringreduce::tcp;
+  py::module_ wire = m.def_submodule("wire", "The TCP transport's checks of hellos and frames.");
+  wire.attr("HELLO_BYTES") = sizeof(tcp::Hello);
+  wire.attr("HELLO_MAGIC") = tcp::kHelloMagic;
+  wire.attr("WIRE_VERSION") = tcp::kWireVersion;
+  wire.attr("SECRET_BYTES") = tcp::kSecretBytes;
+  wire.attr("MAX_REASON_BYTES") = tcp::kMaxReasonBytes;
+  wire.attr("STATE_BYTES") = sizeof(tcp::StateBody);
+  wire.attr("MSG_HEADER_BYTES") = sizeof(ringreduce::MsgHeader);
+  wire.def("group_id", &tcp::group_id, py::arg("prefix"));
+  wire.def(
+      "check_hello",
+      [](py::bytes data, int world, uint32_t sockets, uint64_t group, uint64_t slot_bytes,
+         py::bytes secret) {
+        const std::string d = data, sec = secret;
+        tcp::HelloExpect e;
+        e.world = world;
+        e.sockets = sockets;
+        e.group = group;
+        e.slot_bytes = slot_bytes;
+        if (sec.size() != tcp::kSecretBytes) throw std::invalid_argument("secret: 16 bytes expected");
+        std::memcpy(e.secret, sec.data(), tcp::kSecretBytes);
+        tcp::Hello out;
+        return tcp::check_hello(d.data(), d.size(), e, &out);
+      },
+      py::arg("data"), py::arg("world"), py::arg("sockets"), py::arg("group"), py::arg("slot_bytes"),
+      py::arg("secret"), "'' when `data` is a hello this group accepts, else why not.");
+  wire.def(
+      "check_frame_head",
+      [](uint32_t type, uint32_t len, size_t slot_bytes) {
+        tcp::FrameHead h;
+        h.type = type;
+        h.len = len;
+        return tcp::check_frame_head(h, slot_bytes);
+      },
+      py::arg("type"), py::arg("len"), py::arg("slot_bytes"));
+  wire.def(
+      "check_data_header",
+      [](py::bytes header, uint32_t len) {
+        const std::string d = header;
+        if (d.size() != sizeof(ringreduce::MsgHeader)) throw std::invalid_argument("header: 32 bytes expected");
+        ringreduce::MsgHeader h;
+        std::memcpy(&h, d.data(), sizeof h);
+        return tcp::check_data_header(h, len);
+      },
+      py::arg("header"), py::arg("len"));
+  wire.def(
+      "check_state_body",
+      [](py::bytes body, int world) {
+        const std::string d = body;
+        if (d.size() != sizeof(tcp::StateBody)) throw std::invalid_argument("body: 16 bytes expected");
+        tcp::StateBody b;
+        std::memcpy(&b, d.data(), sizeof b);
+        return tcp::check_state_body(b, world);
+      },
+      py::arg("body"), py::arg("world"));
 
   m.attr("built_with_cuda") = false;
   // The torch this extension was compiled against (setup.py passes it): its C++ ABI is not stable

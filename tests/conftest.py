@@ -33,6 +33,11 @@ def pytest_configure(config):
     if b:
         os.environ[harness.BACKEND_ENV] = b  # ranks and subprocesses read it from here
     harness.base_seed()  # pin the session seed before any rank starts
+    # Groups that fail on purpose dump their flight recorders: into this session's own directory
+    # (ranks and subprocesses inherit it), not the machine's default one.
+    if "RINGREDUCE_FLIGHT_DIR" not in os.environ:
+        import tempfile
+        os.environ["RINGREDUCE_FLIGHT_DIR"] = tempfile.mkdtemp(prefix="ringreduce-flight-tests-")
 
 
 def pytest_report_header(config):

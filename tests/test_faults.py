@@ -7,6 +7,7 @@ Every rank writes what happened to a JSON file; the test reads them. Deadlines e
 processes are killed if a case overruns, and the case fails saying so.
 """
 
+import io
 import json
 import os
 import signal
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import redirect_stdout
 
 import pytest
 
@@ -64,6 +66,14 @@ elif case == "absent" and rank == victim:
         if all(os.path.exists(os.path.join(out, f"rank{r}.json")) for r in range(world - 1)):
             break
         threading.Event().wait(0.1)
+    # Its flight recorder is dumped when it finds the group aborted, though it is in no op.
+    be = dist.group.WORLD._get_backend(torch.device("cpu"))
+    mine = os.path.join(be.flight_dir, f"ringreduce_flight_{be.flight_group}_rank{rank}.json")
+    for _ in range(100):
+        if os.path.exists(mine):
+            break
+        threading.Event().wait(0.1)
+    res["dumped"] = os.path.exists(mine)
 else:
     rounds = 12 if case == "stop" else 1
     try:
@@ -99,6 +109,7 @@ def _launch(tmp_path, world, case, transport, timeout_s, on_started=None):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), FAULT_CASE=case, FAULT_OUT=str(tmp_path),
                    FAULT_TIMEOUT=str(timeout_s), RINGREDUCE_TRANSPORT=transport,
+                   RINGREDUCE_FLIGHT_DIR=str(tmp_path / "flight"),
                    PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
         procs.append(subprocess.Popen([sys.executable, "-c", WORKER], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
@@ -192,3 +203,17 @@ def test_a_rank_that_never_calls_is_named_by_the_timeout(tmp_path, backend, tran
     assert named == world - 1, why
     assert results.get(world - 1, {}).get("skipped"), why
     assert not leaked
+    # Every rank dumped its flight recorder (the absent one when the others' abort reached it), and
+    # the reader says who is missing what.
+    assert results[world - 1].get("dumped"), why
+    from ringreduce import flight
+    out = io.StringIO()
+    with redirect_stdout(out):
+        rc = flight.main([str(tmp_path / "flight")])
+    report = out.getvalue()
+    assert rc == 1, report
+    assert f"dumps from ranks {', '.join(map(str, range(world)))}" in report, report
+    assert f"rank {world - 1} is missing op #1 allreduce [50331648] Float: the last op it issued " \
+           "is #0" in report, report
+    assert f"ranks that issued it: {', '.join(map(str, range(world - 1)))} failed" in report, report
+    print(report)

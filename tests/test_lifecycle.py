@@ -19,9 +19,14 @@ def _segments():
 def _spawn(fn, world):
     """Runs fn(rank, world, store_path, results) on `world` fresh processes; returns what they put
     in `results`, sorted by rank. A rank that dies fails the test; none outlives it."""
+    return _spawn_fn(fn, world)
+
+
+def _spawn_fn(fn, world, *extra):
+    """_spawn, with `extra` arguments after fn's usual ones."""
     with tempfile.TemporaryDirectory() as d:
         results = mp.get_context("spawn").Queue()
-        procs = mp.start_processes(fn, args=(world, os.path.join(d, "store"), results),
+        procs = mp.start_processes(fn, args=(world, os.path.join(d, "store"), results) + extra,
                                    nprocs=world, start_method="spawn", join=False)
         try:
             while not procs.join(timeout=120):
@@ -107,3 +112,71 @@ def test_group_destroyed_from_its_own_callback():
     world = 2
     got = _spawn(_rank_destroy_in_callback, world)
     assert got == [(r, float(world), float(world)) for r in range(world)], got
+
+
+def _rank_end_from_thread(rank, world, path, results, how, transport):
+    import datetime
+    import threading
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    os.environ["RINGREDUCE_TRANSPORT"] = transport
+    torch.set_num_threads(1)
+    dist.init_process_group("ringreduce", store=dist.FileStore(path, world), rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=60))
+    g = dist.new_group(backend="ringreduce", timeout=datetime.timedelta(seconds=60))
+    dist.all_reduce(torch.ones(10), group=g)
+    out = {"rank": rank}
+    if rank == 0:
+        # Rank 1 never joins this all-reduce; another thread ends it well inside the 60 s timeout.
+        backend = g._get_backend(torch.device("cpu"))
+        ended = []
+
+        def end_it():
+            threading.Event().wait(0.5)  # the op is waiting for rank 1 by then
+            ended.append(time.monotonic())
+            getattr(backend, how)()
+
+        t = threading.Thread(target=end_it)
+        t.start()
+        try:
+            dist.all_reduce(torch.ones(1 << 20), group=g)
+            out["error"] = None
+        except RuntimeError as e:
+            out["error"] = str(e)
+            out["after_end_s"] = time.monotonic() - ended[0]
+        t.join()
+    else:
+        # Rank 1 learns of it at its next op on the group, which fails at once.
+        dist.barrier()
+        start = time.monotonic()
+        try:
+            dist.all_reduce(torch.ones(10), group=g)
+            out["error"] = None
+        except RuntimeError as e:
+            out["error"] = str(e)
+            out["after_end_s"] = time.monotonic() - start
+    if rank == 0:
+        dist.barrier()
+    # The default group is untouched.
+    x = torch.full((4,), float(rank))
+    dist.all_reduce(x)
+    out["world_ok"] = x.tolist() == [float(sum(range(world)))] * 4
+    dist.destroy_process_group()
+    results.put((rank, out))
+
+
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+@pytest.mark.parametrize("how", ["abort", "shutdown"])
+def test_abort_or_shutdown_from_another_thread_ends_an_op_in_flight(how, transport):
+    got = dict(_spawn_fn(_rank_end_from_thread, 2, how, transport))
+    zero, one = got[0], got[1]
+    assert zero["error"] and "allreduce #1" in zero["error"], zero
+    assert ("aborted" in zero["error"] if how == "abort" else "shut the process group down" in
+            zero["error"]), zero
+    assert zero["after_end_s"] < 5, zero  # the op's timeout is 60 s
+    assert one["error"] and "aborted" in one["error"] and "rank 0" in one["error"], one
+    assert one["after_end_s"] < 5, one
+    assert zero["world_ok"] and one["world_ok"], got

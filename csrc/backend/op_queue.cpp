@@ -43,7 +43,10 @@ void loop(const std::shared_ptr<QueueState>& st) {
     QueueState::Task task;
     {
       std::unique_lock<std::mutex> lock(st->mu);
-      st->cv.wait(lock, [&] { return !st->running && (st->stopping || !st->tasks.empty()); });
+      auto ready = [&] { return !st->running && (st->stopping || !st->tasks.empty()); };
+      while (!st->cv.wait_for(lock, kIdlePoll, ready)) {
+        if (st->idle && !st->running) st->idle();
+      }
       if (st->tasks.empty()) return;  // stopping, nothing left
       task = std::move(st->tasks.front());
       st->tasks.pop_front();
@@ -79,6 +82,11 @@ OpQueue::OpQueue() : st_(std::make_shared<QueueState>()) {
 
 OpQueue::~OpQueue() { drain(); }
 
+void OpQueue::set_idle(std::function<void()> fn) {
+  std::lock_guard<std::mutex> lock(st_->mu);
+  st_->idle = std::move(fn);
+}
+
 void OpQueue::push(c10::intrusive_ptr<RingWork> work, std::function<void()> body) {
   {
     std::lock_guard<std::mutex> lock(st_->mu);
@@ -100,6 +108,11 @@ void OpQueue::run_claimed(const c10::intrusive_ptr<RingWork>& work,
                           const std::function<void()>& body) {
   at::NoGradGuard no_grad;
   run_and_complete(*st_, work, body);
+}
+
+bool OpQueue::busy() const {
+  std::lock_guard<std::mutex> lock(st_->mu);
+  return st_->running || !st_->tasks.empty();
 }
 
 void OpQueue::drain() {

@@ -5,6 +5,7 @@
 // what lets the ring match messages by position instead of by tag.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -32,7 +33,12 @@ struct QueueState {
   bool running = false;   // an op is running, on the progress thread or inline
   bool stopping = false;  // no more pushes; the thread exits once `tasks` is empty
   std::thread::id thread_id;
+  // Called (under `mu`) about every kIdlePoll while the thread has nothing to run: the group
+  // looks there for an abort raised by a peer while this rank was not in an op.
+  std::function<void()> idle;
 };
+
+constexpr std::chrono::milliseconds kIdlePoll{100};
 
 // Future callbacks run on the progress thread. One that issues an op on this group and waits for
 // it (PowerSGD's hook does) would wait for an op queued behind itself. So on the progress thread
@@ -57,8 +63,14 @@ class OpQueue {
   void run_claimed(const c10::intrusive_ptr<RingWork>& work, const std::function<void()>& body);
 
   void run_queued_here_until(const RingWork& work) { ringreduce::run_queued_here_until(*st_, work); }
+  // Sets QueueState::idle; set it to null before what it points at goes away (it is called under
+  // the same lock, so once this returns it is not running).
+  void set_idle(std::function<void()> fn);
   bool on_progress_thread() const { return std::this_thread::get_id() == st_->thread_id; }
   const std::shared_ptr<QueueState>& state() const { return st_; }
+
+  // An op is running or queued.
+  bool busy() const;
 
   // Stops taking ops, lets the queued ones run (each keeps its own deadline) and joins the thread.
   // Idempotent. On the progress thread itself (from a callback) the queued ops fail instead.

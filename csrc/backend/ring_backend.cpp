@@ -8,8 +8,10 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <optional>
+#include <random>
 #include <utility>
 
 #include "backend/store_bootstrap.h"
@@ -61,6 +63,41 @@ std::string store_host(const c10::intrusive_ptr<c10d::Store>& store) {
   return "";
 }
 
+// Flight recorder knobs, read per rank (a dump directory is a local matter):
+// RINGREDUCE_FLIGHT_RECORDER (ops kept per group, 0 to record none) and RINGREDUCE_FLIGHT_DIR.
+size_t flight_capacity_from_env(int rank) {
+  const char* v = std::getenv("RINGREDUCE_FLIGHT_RECORDER");
+  if (v == nullptr || *v == '\0') return 1000;
+  char* end = nullptr;
+  const long long n = std::strtoll(v, &end, 10);
+  if (*end != '\0' || n < 0 || n > (1 << 24)) {
+    fail(detail::cat("ringreduce: rank ", rank, ": RINGREDUCE_FLIGHT_RECORDER=", v,
+                     " is not a number of ops in [0, 16777216]"));
+  }
+  return static_cast<size_t>(n);
+}
+
+std::string flight_dir_from_env() {
+  if (const char* d = std::getenv("RINGREDUCE_FLIGHT_DIR"); d != nullptr && *d != '\0') return d;
+  const char* tmp = std::getenv("TMPDIR");
+  return std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/ringreduce-flight";
+}
+
+// "[4, 1024]" per tensor, at most a few of them.
+std::string shapes_of(const std::vector<at::Tensor>& ts) {
+  std::string out;
+  const size_t shown = std::min<size_t>(ts.size(), 4);
+  for (size_t i = 0; i < shown; ++i) {
+    if (i) out += " ";
+    out += "[";
+    const auto sizes = ts[i].sizes();
+    for (size_t d = 0; d < sizes.size(); ++d) out += detail::cat(d ? ", " : "", sizes[d]);
+    out += "]";
+  }
+  if (ts.size() > shown) out += detail::cat(" and ", ts.size() - shown, " more");
+  return out;
+}
+
 }  // namespace
 
 RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
@@ -94,6 +131,31 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     p2p_ = std::make_unique<P2p>(p2p_links_->transport(), [](uint8_t code) {
       return std::string(c10::toString(static_cast<at::ScalarType>(code)));
     });
+    // The flight recorder's name for this group, the same on every rank, so that a reader can
+    // put the dumps of one group together.
+    FlightMeta meta;
+    if (rank == 0) {
+      std::random_device rd;
+      char uid[17];
+      std::snprintf(uid, sizeof uid, "%08x%08x", rd(), rd());
+      bs.set(prefix + "flight/uid", uid);
+      meta.group_uid = uid;
+    } else {
+      meta.group_uid = bs.get(prefix + "flight/uid");
+    }
+    meta.rank = rank;
+    meta.size = size;
+    const size_t remote = links_->tcp_peers().size();
+    meta.transport = remote == 0 ? "shm" : remote + 1 == static_cast<size_t>(size) ? "tcp" : "mixed";
+    flight_ = std::make_unique<FlightRecorder>(meta, flight_capacity_from_env(rank));
+    flight_dir_ = flight_dir_from_env();
+    // A rank that is not in an op when a peer aborts the group (the rank the others timed out
+    // waiting for, typically) dumps too, so that the reader sees every rank's last ops.
+    queue_.set_idle([this] {
+      if (flight_->dumped()) return;
+      const std::string why = links_->transport().abort_reason();
+      if (!why.empty()) dump_on_failure("the group was aborted while this rank was in no op: " + why);
+    });
   } catch (const c10::Error&) {
     throw;
   } catch (const std::exception& e) {
@@ -102,6 +164,7 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
 }
 
 RingBackend::~RingBackend() {
+  queue_.set_idle(nullptr);
   queue_.drain();
   if (p2p_) p2p_->shutdown();
 }
@@ -113,6 +176,28 @@ std::vector<std::string> RingBackend::linked_segments() const {
 }
 
 std::vector<int> RingBackend::tcp_peers() const { return links_->tcp_peers(); }
+
+std::string RingBackend::dump_flight_recorder(const std::string& dir, const std::string& reason) {
+  try {
+    return flight_->dump(dir.empty() ? flight_dir_ : dir, reason);
+  } catch (const std::exception& e) {
+    fail(detail::cat("ringreduce: rank ", rank_, ": ", e.what()));
+  }
+}
+
+void RingBackend::dump_on_failure(const std::string& reason) {
+  // Never lets a dump that fails hide the op's own error: it only says so.
+  try {
+    const std::string path = flight_->dump_once(flight_dir_, reason);
+    if (!path.empty()) {
+      std::fprintf(stderr, "[ringreduce] rank %d: flight recorder dumped to %s (%s)\n", rank_,
+                   path.c_str(), reason.substr(0, 200).c_str());
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "[ringreduce] rank %d: could not dump the flight recorder: %s\n", rank_,
+                 e.what());
+  }
+}
 
 std::string RingBackend::tcp_address() const { return links_->tcp_address(); }
 
@@ -164,7 +249,18 @@ void RingBackend::abort() {  // exit-ok: c10d's name; it ends the group, not the
 }
 
 void RingBackend::shutdown() {
-  queue_.drain();
+  if (queue_.busy()) {
+    // Called with ops in flight (from another thread, or with async ops not waited for): they
+    // end now rather than at their deadlines, and the peers' ops with them (a peer waiting for
+    // this rank would otherwise wait out its timeout).
+    const std::string why = detail::cat("rank ", rank_, " shut the process group down with ops in flight");
+    links_->transport().abort_group(why);
+    queue_.cancel(why);
+  } else {
+    // Idle: nothing is aborted, so a peer still finishing the last op (whose data this rank has
+    // sent already) completes it.
+    queue_.drain();
+  }
   p2p_->shutdown();
 }
 
@@ -175,14 +271,28 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const cha
   std::unique_lock<std::mutex> lock(mu_);
   const uint64_t seq = next_seq_++;
   const std::chrono::milliseconds t = timeout == c10d::kUnsetTimeout ? timeout_ : timeout;
+  flight_->issued(seq, name, shapes_of(outputs),
+                  outputs.empty() ? std::string() : std::string(c10::toString(outputs[0].scalar_type())));
   auto work = c10::make_intrusive<RingWork>(rank_, type, name, seq, std::move(outputs), queue_.state());
-  std::function<void()> task = [body = std::move(body), name, seq, t] {
+  std::function<void()> task = [this, body = std::move(body), name, seq, t] {
     OpContext ctx;
     ctx.name = name;
     ctx.seq = seq;
     ctx.timeout = t;
-    // The deadline starts when the op starts: time spent queued behind earlier ops is theirs.
-    body(ctx, Deadline::after(t));
+    flight_->started(seq);
+    try {
+      // The deadline starts when the op starts: time spent queued behind earlier ops is theirs.
+      body(ctx, Deadline::after(t));
+    } catch (const std::exception& e) {
+      flight_->finished(seq, e.what());
+      dump_on_failure(detail::cat(name, " #", seq, " failed: ", e.what()));
+      throw;
+    } catch (...) {
+      flight_->finished(seq, "unknown error");
+      dump_on_failure(detail::cat(name, " #", seq, " failed"));
+      throw;
+    }
+    flight_->finished(seq, "");
   };
   // Claiming or queueing under mu_ keeps queue order equal to sequence order; the op itself
   // runs without mu_, so other threads can issue ops (they queue behind it) meanwhile.
@@ -195,6 +305,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const cha
     queue_.push(work, std::move(task));
   } catch (...) {
     --next_seq_;  // never issued: later ops keep the numbers the other ranks give them
+    flight_->withdraw(seq);
     throw;
   }
   if (queue_.on_progress_thread()) {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "backend/config.h"
+#include "backend/flight_recorder.h"
 #include "backend/op_queue.h"
 #include "backend/work.h"
 #include "common/deadline.h"
@@ -109,7 +110,9 @@ class RingBackend final : public c10d::Backend {
   // Ends the op in flight (it fails with the reason) and every queued one; the group is unusable
   // afterwards.
   void abort() override;  // exit-ok: ends the group, not the process
-  // Lets queued ops finish, then stops the progress thread.
+  // Stops taking ops. Idle, it just stops the progress thread; with ops running or queued (called
+  // from another thread, or with async ops not waited for) it ends them at once, and aborts the
+  // group so that peers waiting for this rank fail too, instead of at their timeouts.
   void shutdown() override;
 
   const Config& config() const { return config_; }
@@ -118,6 +121,12 @@ class RingBackend final : public c10d::Backend {
   // Peers this rank reaches over TCP, and the "ip:port" it listens on for them ("" if none).
   std::vector<int> tcp_peers() const;
   std::string tcp_address() const;
+  // Writes the flight recorder of this group on this rank to `dir` (RINGREDUCE_FLIGHT_DIR when
+  // empty) and returns the file's path.
+  std::string dump_flight_recorder(const std::string& dir, const std::string& reason);
+  const std::string& flight_dir() const { return flight_dir_; }
+  size_t flight_capacity() const { return flight_->capacity(); }
+  const std::string& flight_group() const { return flight_->meta().group_uid; }
 
  public:
   // What an op does once its turn comes: validated and prepared at the call, run by the queue.
@@ -131,6 +140,9 @@ class RingBackend final : public c10d::Backend {
   Body allgather_list_body(const std::vector<at::Tensor>& outputs, const at::Tensor& input);
   int checked_root(int64_t root, const char* op) const;
   std::chrono::milliseconds current_timeout();  // setTimeout may change it from another thread
+  // The first op of the group that fails dumps the flight recorder (a line on stderr says where),
+  // as does a rank that finds the group aborted while it is in no op.
+  void dump_on_failure(const std::string& reason);
   c10::intrusive_ptr<c10d::Work> p2p_recv(std::vector<at::Tensor>& tensors, int src, int tag,
                                           const char* op);
 
@@ -150,6 +162,8 @@ class RingBackend final : public c10d::Backend {
   std::mutex mu_;  // orders sequence numbers with queue order when several threads issue ops
   uint64_t next_seq_ = 0;
   std::chrono::milliseconds timeout_;
+  std::unique_ptr<FlightRecorder> flight_;
+  std::string flight_dir_;
   OpQueue queue_;  // last member: its thread stops before the ring and transport go away
 };
 

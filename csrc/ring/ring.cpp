@@ -65,6 +65,13 @@ const void* Ring::recv_checked(int peer, const MsgHeader& expect, size_t bytes,
                        got.count == expect.count && got.dtype == expect.dtype &&
                        got.redop == expect.redop && got.root == expect.root;
   if (!same_op || got.bytes != bytes) {
+    // A group aborted meanwhile (this rank's peer gave up on an earlier op whose messages are
+    // still queued here): that is the cause to report, not the stale message.
+    const std::string aborted = t_.abort_reason();
+    if (!aborted.empty()) {
+      throw AbortedError(detail::cat("ringreduce ", ctx.name, " #", ctx.seq, ": rank ", rank_,
+                                     ": the group was aborted: ", aborted));
+    }
     const std::string msg = detail::cat(
         "ringreduce ", ctx.name, " #", ctx.seq, ": rank ", rank_, " and rank ", peer,
         " called different collectives: rank ", peer, " sent ", describe(got), ", rank ", rank_,

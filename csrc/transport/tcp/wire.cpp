@@ -87,6 +87,8 @@ std::string check_state_body(const StateBody& body, int world) {
 }
 
 std::string check_data_header(const MsgHeader& hdr, uint32_t len) {
+  // check_frame_head has refused such frames already; checked again so that this holds alone.
+  if (len < sizeof(MsgHeader)) return detail::cat("a data frame of ", len, " bytes, shorter than its header");
   if (hdr.bytes != len - sizeof(MsgHeader)) {
     return detail::cat("a message header that announces ", hdr.bytes, " payload bytes in a frame of ",
                        len - sizeof(MsgHeader));

@@ -1,0 +1,194 @@
+#include "backend/flight_recorder.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+
+#include "common/error.h"
+
+namespace ringreduce {
+
+namespace {
+
+int64_t now_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+void json_string(std::string& out, const std::string& s) {
+  out += '"';
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  out += '"';
+}
+
+// mkdir -p, for the dump directory.
+void make_dirs(const std::string& dir) {
+  for (size_t i = 1; i <= dir.size(); ++i) {
+    if (i == dir.size() || dir[i] == '/') {
+      const std::string part = dir.substr(0, i);
+      if (mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) {
+        RR_SYSCHECK(false, "ringreduce flight recorder: cannot create the directory ", part);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+const char* flight_state_name(FlightRecorder::State s) {
+  switch (s) {
+    case FlightRecorder::State::Issued: return "issued";
+    case FlightRecorder::State::Running: return "running";
+    case FlightRecorder::State::Completed: return "completed";
+    case FlightRecorder::State::Failed: return "failed";
+  }
+  return "unknown";
+}
+
+FlightRecorder::FlightRecorder(FlightMeta meta, size_t capacity)
+    : meta_(std::move(meta)), entries_(capacity) {}
+
+FlightRecorder::Entry* FlightRecorder::find(uint64_t seq) {
+  if (entries_.empty()) return nullptr;
+  Entry& e = entries_[seq % entries_.size()];
+  return e.used && e.seq == seq ? &e : nullptr;
+}
+
+void FlightRecorder::issued(uint64_t seq, const char* op, std::string shapes, std::string dtype) {
+  const int64_t t = now_us();
+  std::lock_guard<std::mutex> lock(mu_);
+  ++issued_count_;
+  if (entries_.empty()) return;
+  Entry& e = entries_[seq % entries_.size()];
+  e.seq = seq;
+  e.used = true;
+  e.op = op;
+  e.shapes = std::move(shapes);
+  e.dtype = std::move(dtype);
+  e.state = State::Issued;
+  e.issued_us = t;
+  e.started_us = 0;
+  e.ended_us = 0;
+  e.error.clear();
+}
+
+void FlightRecorder::started(uint64_t seq) {
+  const int64_t t = now_us();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (Entry* e = find(seq)) {
+    e->state = State::Running;
+    e->started_us = t;
+  }
+}
+
+void FlightRecorder::finished(uint64_t seq, const std::string& error) {
+  const int64_t t = now_us();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (Entry* e = find(seq)) {
+    e->state = error.empty() ? State::Completed : State::Failed;
+    e->ended_us = t;
+    e->error = error;
+  }
+}
+
+std::string FlightRecorder::to_json(const std::string& reason) const {
+  char host[256] = "?";
+  gethostname(host, sizeof host - 1);
+  std::string out = "{\n  \"format\": \"ringreduce-flight-1\",\n  \"group\": ";
+  json_string(out, meta_.group_uid);
+  out += detail::cat(",\n  \"rank\": ", meta_.rank, ",\n  \"world_size\": ", meta_.size,
+                     ",\n  \"pid\": ", getpid(), ",\n  \"host\": ");
+  json_string(out, host);
+  out += ",\n  \"transport\": ";
+  json_string(out, meta_.transport);
+  out += ",\n  \"reason\": ";
+  json_string(out, reason);
+  out += detail::cat(",\n  \"dumped_us\": ", now_us());
+  std::lock_guard<std::mutex> lock(mu_);
+  out += detail::cat(",\n  \"capacity\": ", entries_.size(), ",\n  \"ops_issued\": ", issued_count_,
+                     ",\n  \"ops\": [");
+  // Oldest first: the kept window is the last `capacity` sequence numbers.
+  const uint64_t n = entries_.size();
+  const uint64_t first = issued_count_ > n ? issued_count_ - n : 0;
+  bool any = false;
+  for (uint64_t s = first; s < issued_count_; ++s) {
+    const Entry& e = entries_[s % n];
+    if (!e.used || e.seq != s) continue;
+    out += any ? ",\n    {" : "\n    {";
+    any = true;
+    out += detail::cat("\"seq\": ", e.seq, ", \"op\": ");
+    json_string(out, e.op);
+    out += ", \"shapes\": ";
+    json_string(out, e.shapes);
+    out += ", \"dtype\": ";
+    json_string(out, e.dtype);
+    out += ", \"state\": ";
+    json_string(out, flight_state_name(e.state));
+    out += detail::cat(", \"issued_us\": ", e.issued_us, ", \"started_us\": ", e.started_us,
+                       ", \"ended_us\": ", e.ended_us);
+    if (!e.error.empty()) {
+      out += ", \"error\": ";
+      json_string(out, e.error);
+    }
+    out += "}";
+  }
+  out += any ? "\n  ]\n}\n" : "]\n}\n";
+  return out;
+}
+
+std::string FlightRecorder::dump(const std::string& dir, const std::string& reason) const {
+  const std::string text = to_json(reason);
+  make_dirs(dir);
+  const std::string path =
+      detail::cat(dir, "/ringreduce_flight_", meta_.group_uid, "_rank", meta_.rank, ".json");
+  const std::string tmp = detail::cat(path, ".tmp", getpid());
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  RR_SYSCHECK(f != nullptr, "ringreduce flight recorder: cannot write ", tmp);
+  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  const bool closed = std::fclose(f) == 0;
+  if (!ok || !closed || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp.c_str());
+    errno = err;
+    RR_SYSCHECK(false, "ringreduce flight recorder: cannot write ", path);
+  }
+  return path;
+}
+
+void FlightRecorder::withdraw(uint64_t seq) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (Entry* e = find(seq)) e->used = false;
+  --issued_count_;
+}
+
+std::string FlightRecorder::dump_once(const std::string& dir, const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (dumped_) return "";
+    dumped_ = true;
+  }
+  return dump(dir, reason);
+}
+
+}  // namespace ringreduce

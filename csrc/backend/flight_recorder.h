@@ -1,0 +1,82 @@
+// The flight recorder: the last N collectives of one group on this rank, with what each was
+// (sequence number, op, tensor shapes, dtype), how far it got (issued, running, completed,
+// failed, with the error) and when. It is dumped to a JSON file per rank when an op of the group
+// first fails (a timeout here, or an abort or dead peer elsewhere) and on request
+// (ringreduce.dump_flight_recorder); `python -m ringreduce.flight DIR` reads the dumps of every
+// rank and says which rank is missing which op, or where the ranks' ops differ.
+//
+// Recording costs a mutex and a few small copies per op (ops cost microseconds at the least), and
+// no allocation once the ring of entries is full and strings fit their capacity.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace ringreduce {
+
+struct FlightMeta {
+  std::string group_uid;  // the same on every rank of the group (drawn by rank 0)
+  int rank = 0;
+  int size = 0;
+  std::string transport;  // "shm", "tcp" or "mixed": how this rank reaches its peers
+};
+
+class FlightRecorder {
+ public:
+  enum class State { Issued, Running, Completed, Failed };
+
+  // `capacity` entries are kept (0: nothing is recorded and dumps hold no ops).
+  FlightRecorder(FlightMeta meta, size_t capacity);
+
+  size_t capacity() const { return entries_.size(); }
+  const FlightMeta& meta() const { return meta_; }
+
+  // An op got sequence number `seq` (numbers are issued in order, one per collective).
+  void issued(uint64_t seq, const char* op, std::string shapes, std::string dtype);
+  // The op numbered `seq`, the last issued, was not queued after all (its number is reused).
+  void withdraw(uint64_t seq);
+  void started(uint64_t seq);
+  // `error` is empty on success.
+  void finished(uint64_t seq, const std::string& error);
+
+  // The whole record as JSON, with why it was dumped.
+  std::string to_json(const std::string& reason) const;
+  // Writes to_json() to `dir`/ringreduce_flight_<group_uid>_rank<rank>.json (creating `dir`),
+  // through a temporary file renamed into place so a reader never sees half a dump. Returns the
+  // path. Throws ringreduce::Error naming the path when it cannot be written.
+  std::string dump(const std::string& dir, const std::string& reason) const;
+  // dump() the first time only (for the first failure of the group; later ones repeat it).
+  // Returns the path, or "" when it had already been dumped.
+  std::string dump_once(const std::string& dir, const std::string& reason);
+  bool dumped() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return dumped_;
+  }
+
+ private:
+  struct Entry {
+    uint64_t seq = 0;
+    bool used = false;
+    const char* op = "";
+    std::string shapes;
+    std::string dtype;
+    State state = State::Issued;
+    int64_t issued_us = 0;  // wall clock, microseconds since the epoch (comparable across hosts)
+    int64_t started_us = 0;
+    int64_t ended_us = 0;
+    std::string error;
+  };
+  Entry* find(uint64_t seq);
+
+  FlightMeta meta_;
+  mutable std::mutex mu_;
+  std::vector<Entry> entries_;  // entry of seq s at s % capacity
+  uint64_t issued_count_ = 0;
+  bool dumped_ = false;
+};
+
+const char* flight_state_name(FlightRecorder::State s);
+
+}  // namespace ringreduce

@@ -1,0 +1,179 @@
+"""The flight recorder (issue 5): each group keeps its last ops per rank, dumps them on a failure
+or on request, and ``python -m ringreduce.flight`` reads the dumps of all ranks.
+
+Each case makes a group of its own (so sequence numbers start at 0) on the shared pools. The
+case of a rank that never arrives, whose dump comes from the group's abort, is in
+test_faults.py (its ranks are plain processes).
+"""
+
+import io
+import json
+import os
+import threading
+import time
+from contextlib import redirect_stdout
+from datetime import timedelta
+
+import pytest
+
+import harness
+
+WORLD = 3
+
+
+def _wait_for(paths, seconds=20.0):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if all(os.path.exists(p) for p in paths):
+            return True
+        # A wait with a deadline on a condition another process brings about.
+        threading.Event().wait(0.05)
+    return False
+
+
+def _reader(paths):
+    from ringreduce import flight
+
+    out = io.StringIO()
+    with redirect_stdout(out):
+        rc = flight.main(list(paths))
+    return rc, out.getvalue()
+
+
+def _rank_dump_on_request(ctx, directory):
+    import torch
+    import torch.distributed as dist
+
+    import ringreduce
+
+    failures = []
+    g = dist.new_group(backend="ringreduce")
+    be = g._get_backend(torch.device("cpu"))
+    gen = ctx.gen("flight")
+    # A mix of ops, sync and async, with shapes and dtypes of their own.
+    a = torch.randn(10, 20, generator=gen)
+    dist.all_reduce(a, group=g)
+    b = torch.arange(7, dtype=torch.int64)
+    dist.broadcast(b, src=1, group=g)
+    parts = [torch.empty(5, dtype=torch.float64) for _ in range(ctx.world_size)]
+    dist.all_gather(parts, torch.full((5,), float(ctx.rank), dtype=torch.float64), group=g)
+    works = [dist.all_reduce(torch.ones(3, dtype=torch.bfloat16), group=g, async_op=True)
+             for _ in range(4)]
+    for w in works:
+        w.wait()
+    dist.barrier(group=g)
+    path = ringreduce.dump_flight_recorder(g, directory)
+    want = os.path.join(directory, f"ringreduce_flight_{be.flight_group}_rank{ctx.rank}.json")
+    if path != want:
+        failures.append(f"dumped to {path}, expected {want}")
+    d = json.loads(open(path).read())
+    ops = d["ops"]
+    expect = [("allreduce", "[10, 20]", "Float"), ("broadcast", "[7]", "Long"),
+              ("allgather", "[5] [5] [5]", "Double")] + [("allreduce", "[3]", "BFloat16")] * 4 + \
+             [("barrier", "", "")]
+    got = [(o["op"], o["shapes"], o["dtype"]) for o in ops]
+    if got != expect:
+        failures.append(f"recorded {got}, expected {expect}")
+    if [o["seq"] for o in ops] != list(range(len(expect))):
+        failures.append(f"sequence numbers {[o['seq'] for o in ops]}")
+    for o in ops:
+        if o["state"] != "completed" or not (o["issued_us"] <= o["started_us"] <= o["ended_us"]):
+            failures.append(f"op {o}: not completed, or its times are out of order")
+    if (d["rank"], d["world_size"], d["ops_issued"], d["reason"]) != (ctx.rank, ctx.world_size,
+                                                                        len(expect), "requested"):
+        failures.append(f"dump header {d}")
+    dist.barrier()
+    rc, text = (None, "")
+    if ctx.rank == 0:
+        rc, text = _reader([directory])
+        if rc != 0 or f"the ranks agree on ops #0 to #{len(expect) - 1}" not in text:
+            failures.append(f"the reader exited with {rc}:\n{text}")
+    dist.destroy_process_group(g)
+    return failures, {}
+
+
+def test_dump_on_request_and_the_reader_finds_the_ranks_agree(ranks, standin, tmp_path):
+    if standin:
+        pytest.skip("the flight recorder is ringreduce's")
+    pool = ranks(WORLD)
+    harness.check_results(pool.run(_rank_dump_on_request, str(tmp_path), timeout=90))
+
+
+def _rank_window(ctx, directory):
+    import torch
+    import torch.distributed as dist
+
+    import ringreduce
+
+    failures = []
+    g = dist.new_group(backend="ringreduce")
+    be = g._get_backend(torch.device("cpu"))
+    if be.flight_capacity != 8:
+        failures.append(f"capacity {be.flight_capacity}, RINGREDUCE_FLIGHT_RECORDER=8")
+    for i in range(21):
+        dist.all_reduce(torch.ones(i + 1), group=g)
+    d = json.loads(open(ringreduce.dump_flight_recorder(g, directory)).read())
+    seqs = [o["seq"] for o in d["ops"]]
+    if seqs != list(range(13, 21)) or d["ops_issued"] != 21:
+        failures.append(f"kept {seqs} of {d['ops_issued']}, expected the last 8 of 21")
+    if [o["shapes"] for o in d["ops"]] != [f"[{s + 1}]" for s in range(13, 21)]:
+        failures.append(f"shapes {[o['shapes'] for o in d['ops']]}")
+    dist.destroy_process_group(g)
+    return failures, {}
+
+
+def test_the_recorder_keeps_the_last_n_ops(ranks, standin, tmp_path):
+    if standin:
+        pytest.skip("the flight recorder is ringreduce's")
+    pool = ranks(2, env={"RINGREDUCE_FLIGHT_RECORDER": "8"})
+    harness.check_results(pool.run(_rank_window, str(tmp_path), timeout=90))
+
+
+def _rank_desync(ctx):
+    import torch
+    import torch.distributed as dist
+
+    failures = []
+    g = dist.new_group(backend="ringreduce", timeout=timedelta(seconds=20))
+    be = g._get_backend(torch.device("cpu"))
+    dist.all_reduce(torch.ones(4), group=g)
+    # Rank 0 and the others disagree on the size of op #1: every rank fails, and dumps.
+    n = 1000 if ctx.rank == 0 else 2000
+    try:
+        dist.all_reduce(torch.ones(n), group=g)
+        failures.append("the mismatched all-reduce did not fail")
+    except RuntimeError:
+        pass
+    directory = be.flight_dir
+    paths = [os.path.join(directory, f"ringreduce_flight_{be.flight_group}_rank{r}.json")
+             for r in range(ctx.world_size)]
+    if not _wait_for([paths[ctx.rank]], 5):
+        failures.append(f"no dump at {paths[ctx.rank]} after the failure")
+    else:
+        d = json.loads(open(paths[ctx.rank]).read())
+        last = d["ops"][-1]
+        if last["state"] != "failed" or "called different collectives" not in last.get("error", ""):
+            failures.append(f"the last op recorded is {last}")
+        if not d["reason"].startswith("allreduce #1 failed"):
+            failures.append(f"dump reason {d['reason']!r}")
+    dist.barrier()
+    if ctx.rank == 0:
+        rc, text = _reader(paths)
+        if rc != 1 or "op #1 differs between ranks" not in text or "ranks 0: allreduce [1000] Float" \
+                not in text or f"ranks {', '.join(map(str, range(1, ctx.world_size)))}: allreduce " \
+                                "[2000] Float" not in text:
+            failures.append(f"the reader exited with {rc}:\n{text}")
+    dist.destroy_process_group(g)
+    return failures, {}
+
+
+def test_a_desync_dumps_every_rank_and_the_reader_shows_the_difference(ranks, standin):
+    if standin:
+        pytest.skip("the flight recorder is ringreduce's")
+    pool = ranks(WORLD)
+    harness.check_results(pool.run(_rank_desync, timeout=90))
+
+
+def test_the_reader_without_dumps_says_so(tmp_path):
+    rc, _ = _reader([str(tmp_path)])
+    assert rc == 2
