@@ -33,6 +33,8 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly(
           "transport",
           [](const ringreduce::RingBackend& b) { return ringreduce::transport_mode_name(b.config().transport); })
+      .def_property_readonly("check_fingerprints",
+                             [](const ringreduce::RingBackend& b) { return b.config().check_fingerprints; })
       .def_property_readonly("tcp_sockets",
                              [](const ringreduce::RingBackend& b) { return b.config().tcp_sockets; })
       .def("tcp_peers", &ringreduce::RingBackend::tcp_peers,

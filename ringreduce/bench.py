@@ -21,6 +21,7 @@ import os
 import platform
 import re
 import shlex
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -583,12 +584,45 @@ def run_rank(rank: int, world: int, store, args: argparse.Namespace) -> None:
             dist.new_group(backend=name, timeout=timeout) for name in args.backends[1:]
         ]
         control = dist.new_group(backend="gloo", timeout=timeout)
-        _bench(rank, world, args, groups, control)
+        bare = None
+        if args.backends[0] == "ringreduce" and args.op == "all_reduce":
+            # The same backend without its per-op safety work, to say what that work costs: no
+            # fingerprint comparison on receive and no flight recorder (knobs read at creation).
+            saved = {k: os.environ.get(k) for k in SAFETY_OFF}
+            os.environ.update(SAFETY_OFF)
+            try:
+                bare = dist.new_group(backend="ringreduce", timeout=timeout)
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+        _bench(rank, world, args, groups, control, bare)
     finally:
         dist.destroy_process_group()
 
 
-def _bench(rank: int, world: int, args: argparse.Namespace, groups: list, control) -> None:
+SAFETY_OFF = {"RINGREDUCE_CHECK_FINGERPRINTS": "0", "RINGREDUCE_FLIGHT_RECORDER": "0"}
+SAFETY_ROUNDS = 5
+
+
+def safety_cost(args: argparse.Namespace, dtype, sizes: list[int], safe, bare, control):
+    """Median time per op at each size with the safety work on (`safe`) and off (`bare`),
+    measured in alternation so that drift on a shared machine hits both alike."""
+    coll = COLLECTIVES[args.op]
+    out = []
+    for size in sizes:
+        buf = torch.zeros(size // dtype.itemsize, dtype=dtype)
+        on, off = [], []
+        for _ in range(SAFETY_ROUNDS):
+            on.append(time_collective(coll, buf, args, safe, control))
+            off.append(time_collective(coll, buf, args, bare, control))
+        out.append((size, statistics.median(on), statistics.median(off)))
+    return out
+
+
+def _bench(rank: int, world: int, args: argparse.Namespace, groups: list, control, bare=None) -> None:
     verify_same_plan(args, rank, world, control)
     coll = COLLECTIVES[args.op]
     dtype = DTYPES[args.dtype]
@@ -619,8 +653,14 @@ def _bench(rank: int, world: int, args: argparse.Namespace, groups: list, contro
         rows.append((count * dtype.itemsize, count, results))
         if report is not None:
             report.row(*rows[-1])
+    costs = None
+    if bare is not None and rows:
+        sizes = sorted({rows[0][0], rows[-1][0]})
+        costs = safety_cost(args, dtype, sizes, groups[0], bare, control)
     if report is not None:
         report.summary(rows)
+        if costs:
+            report.safety(costs)
         if args.json:
             report.write_json(rows, args.json)
         if args.plot:
@@ -788,6 +828,12 @@ class Report:
     def _ratio(results: list[Result]) -> float | None:
         subject, baseline = results[0].time_s, results[1].time_s
         return None if subject is None or baseline is None else baseline / subject
+
+    def safety(self, costs) -> None:
+        parts = [f"{format_size(n)} {on * 1e6:.1f} us vs {off * 1e6:.1f} us without "
+                 f"({(on / off - 1) * 100:+.1f}%)" for n, on, off in costs]
+        print("# safety work (fingerprint check of every message + flight recorder), medians of "
+              f"{SAFETY_ROUNDS} alternating runs: " + "; ".join(parts), flush=True)
 
     def summary(self, rows: list) -> None:
         """The figures the project is judged on: latency at the smallest size, busbw at the largest."""

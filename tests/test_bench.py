@@ -196,6 +196,9 @@ def test_bench_table_ringreduce_beside_gloo():
     assert out.returncode == 0, out.stderr
     assert "# Backends: ringreduce, gloo," in out.stdout
     assert_table(out.stdout)
+    # What the fingerprint checks and the flight recorder cost, at the smallest and largest sizes.
+    line = next(x for x in out.stdout.splitlines() if x.startswith("# safety work"))
+    assert re.search(r"1KiB [\d.]+ us vs [\d.]+ us without \([+-][\d.]+%\); 64KiB ", line), line
 
 
 def test_bench_reports_the_failing_rank():

@@ -82,6 +82,11 @@ Config Config::from_env(int local_ranks) {
     RR_CHECK(n >= 1 && n <= 16, "ringreduce: RINGREDUCE_TCP_SOCKETS=", v, " must be between 1 and 16");
     c.tcp_sockets = static_cast<uint32_t>(n);
   }
+  if (const char* v = std::getenv("RINGREDUCE_CHECK_FINGERPRINTS")) {
+    const uint64_t b = parse_uint("RINGREDUCE_CHECK_FINGERPRINTS", v);
+    RR_CHECK(b <= 1, "ringreduce: RINGREDUCE_CHECK_FINGERPRINTS=", v, " must be 0 or 1");
+    c.check_fingerprints = b == 1;
+  }
   if (const char* v = std::getenv("RINGREDUCE_SPIN_US")) {
     const uint64_t us = parse_uint("RINGREDUCE_SPIN_US", v);
     RR_CHECK(us <= 1000000, "ringreduce: RINGREDUCE_SPIN_US=", v, " must be at most 1000000");
@@ -97,7 +102,8 @@ Config Config::agree(Bootstrap& bs, const std::string& prefix, int rank, int loc
     const Config mine = from_env(local_ranks);
     std::ostringstream s;
     s << mine.slice_bytes << ' ' << mine.slots << ' ' << mine.spin.count() << ' '
-      << transport_mode_name(mine.transport) << ' ' << mine.tcp_sockets;
+      << transport_mode_name(mine.transport) << ' ' << mine.tcp_sockets << ' '
+      << (mine.check_fingerprints ? 1 : 0);
     text = s.str();
     bs.set(key, text);
   } else {
@@ -107,7 +113,9 @@ Config Config::agree(Bootstrap& bs, const std::string& prefix, int rank, int loc
   Config c;
   long long spin_us = 0;
   std::string mode;
-  in >> c.slice_bytes >> c.slots >> spin_us >> mode >> c.tcp_sockets;
+  int check = 1;
+  in >> c.slice_bytes >> c.slots >> spin_us >> mode >> c.tcp_sockets >> check;
+  c.check_fingerprints = check != 0;
   if (!in.fail()) c.transport = parse_transport_mode(mode);
   RR_CHECK(!in.fail(), "ringreduce: rank ", rank, " read a malformed config from the store: '", text, "'");
   c.spin = std::chrono::microseconds(spin_us);
@@ -117,7 +125,8 @@ Config Config::agree(Bootstrap& bs, const std::string& prefix, int rank, int loc
 std::string Config::to_string() const {
   std::ostringstream s;
   s << "slice_bytes=" << slice_bytes << " slots=" << slots << " spin_us=" << spin.count()
-    << " transport=" << transport_mode_name(transport) << " tcp_sockets=" << tcp_sockets;
+    << " transport=" << transport_mode_name(transport) << " tcp_sockets=" << tcp_sockets
+    << " check_fingerprints=" << (check_fingerprints ? 1 : 0);
   return s.str();
 }
 

@@ -24,10 +24,14 @@ struct Config {
   TransportMode transport = TransportMode::Auto;
   // TCP connections per pair of ranks on different hosts (RINGREDUCE_TCP_SOCKETS).
   uint32_t tcp_sockets = 2;
+  // Compare every message's header with the op this rank is in (RINGREDUCE_CHECK_FINGERPRINTS).
+  // Off only to measure what the check costs: payload sizes are still checked, so memory stays
+  // safe, but ranks that disagree would reduce mismatched data instead of failing.
+  bool check_fingerprints = true;
 
   // Defaults (the spin one for `local_ranks` ranks on this host) overridden by
   // RINGREDUCE_SLICE_BYTES, RINGREDUCE_SLOTS, RINGREDUCE_SPIN_US, RINGREDUCE_TRANSPORT,
-  // RINGREDUCE_TCP_SOCKETS. Throws ringreduce::Error naming
+  // RINGREDUCE_TCP_SOCKETS, RINGREDUCE_CHECK_FINGERPRINTS. Throws ringreduce::Error naming
   // the variable when a value does not parse or is out of range.
   static Config from_env(int local_ranks);
 

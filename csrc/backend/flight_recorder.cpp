@@ -54,6 +54,31 @@ void make_dirs(const std::string& dir) {
   }
 }
 
+// "[4, 1024] [7]" from dims ended by -1 each; at most 4 tensors shown.
+std::string shapes_text(const std::vector<int64_t>& dims) {
+  std::string out;
+  size_t tensors = 0;
+  bool open = false;
+  for (int64_t d : dims) {
+    if (d < 0) {
+      if (tensors < 4) out += open ? "]" : (tensors ? " []" : "[]");
+      ++tensors;
+      open = false;
+      continue;
+    }
+    if (tensors >= 4) continue;
+    if (!open) {
+      out += tensors ? " [" : "[";
+      open = true;
+      out += std::to_string(d);
+    } else {
+      out += ", " + std::to_string(d);
+    }
+  }
+  if (tensors > 4) out += detail::cat(" and ", tensors - 4, " more");
+  return out;
+}
+
 }  // namespace
 
 const char* flight_state_name(FlightRecorder::State s) {
@@ -75,7 +100,8 @@ FlightRecorder::Entry* FlightRecorder::find(uint64_t seq) {
   return e.used && e.seq == seq ? &e : nullptr;
 }
 
-void FlightRecorder::issued(uint64_t seq, const char* op, std::string shapes, std::string dtype) {
+void FlightRecorder::issued(uint64_t seq, const char* op, const int64_t* dims, size_t ndims,
+                            const char* dtype) {
   const int64_t t = now_us();
   std::lock_guard<std::mutex> lock(mu_);
   ++issued_count_;
@@ -84,8 +110,8 @@ void FlightRecorder::issued(uint64_t seq, const char* op, std::string shapes, st
   e.seq = seq;
   e.used = true;
   e.op = op;
-  e.shapes = std::move(shapes);
-  e.dtype = std::move(dtype);
+  e.dims.assign(dims, dims + ndims);
+  e.dtype = dtype;
   e.state = State::Issued;
   e.issued_us = t;
   e.started_us = 0;
@@ -140,7 +166,7 @@ std::string FlightRecorder::to_json(const std::string& reason) const {
     out += detail::cat("\"seq\": ", e.seq, ", \"op\": ");
     json_string(out, e.op);
     out += ", \"shapes\": ";
-    json_string(out, e.shapes);
+    json_string(out, shapes_text(e.dims));
     out += ", \"dtype\": ";
     json_string(out, e.dtype);
     out += ", \"state\": ";

@@ -6,7 +6,7 @@
 // rank and says which rank is missing which op, or where the ranks' ops differ.
 //
 // Recording costs a mutex and a few small copies per op (ops cost microseconds at the least), and
-// no allocation once the ring of entries is full and strings fit their capacity.
+// no allocation once the ring of entries has gone round once; text is made only when dumping.
 #pragma once
 
 #include <cstdint>
@@ -33,8 +33,10 @@ class FlightRecorder {
   size_t capacity() const { return entries_.size(); }
   const FlightMeta& meta() const { return meta_; }
 
-  // An op got sequence number `seq` (numbers are issued in order, one per collective).
-  void issued(uint64_t seq, const char* op, std::string shapes, std::string dtype);
+  // An op got sequence number `seq` (numbers are issued in order, one per collective). `dims`
+  // holds the shapes of its tensors, each ended by -1; `op` and `dtype` are static strings.
+  // Copies into storage an earlier op left, so a full recorder allocates nothing.
+  void issued(uint64_t seq, const char* op, const int64_t* dims, size_t ndims, const char* dtype);
   // The op numbered `seq`, the last issued, was not queued after all (its number is reused).
   void withdraw(uint64_t seq);
   void started(uint64_t seq);
@@ -60,8 +62,8 @@ class FlightRecorder {
     uint64_t seq = 0;
     bool used = false;
     const char* op = "";
-    std::string shapes;
-    std::string dtype;
+    std::vector<int64_t> dims;  // as passed to issued()
+    const char* dtype = "";
     State state = State::Issued;
     int64_t issued_us = 0;  // wall clock, microseconds since the epoch (comparable across hosts)
     int64_t started_us = 0;

@@ -83,19 +83,16 @@ std::string flight_dir_from_env() {
   return std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/ringreduce-flight";
 }
 
-// "[4, 1024]" per tensor, at most a few of them.
-std::string shapes_of(const std::vector<at::Tensor>& ts) {
-  std::string out;
-  const size_t shown = std::min<size_t>(ts.size(), 4);
-  for (size_t i = 0; i < shown; ++i) {
-    if (i) out += " ";
-    out += "[";
-    const auto sizes = ts[i].sizes();
-    for (size_t d = 0; d < sizes.size(); ++d) out += detail::cat(d ? ", " : "", sizes[d]);
-    out += "]";
+// The shapes of an op's tensors for the flight recorder, each ended by -1, into a buffer this
+// thread reuses (no allocation per op once it has grown).
+const std::vector<int64_t>& dims_of(const std::vector<at::Tensor>& ts) {
+  thread_local std::vector<int64_t> dims;
+  dims.clear();
+  for (const at::Tensor& t : ts) {
+    for (int64_t d : t.sizes()) dims.push_back(d);
+    dims.push_back(-1);
   }
-  if (ts.size() > shown) out += detail::cat(" and ", ts.size() - shown, " more");
-  return out;
+  return dims;
 }
 
 }  // namespace
@@ -122,6 +119,7 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     };
     links_ = std::make_unique<Links>(bs, prefix, rank, size, lo);
     ring_ = std::make_unique<Ring>(links_->transport(), config_.slice_bytes);
+    ring_->set_check_fingerprints(config_.check_fingerprints);
     // Sends and receives get transports of their own, routed as the collectives' are (segments
     // set up now, while every rank is here; pages are only touched by the pairs that use them).
     LinkOptions p2p = lo;
@@ -271,8 +269,11 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const cha
   std::unique_lock<std::mutex> lock(mu_);
   const uint64_t seq = next_seq_++;
   const std::chrono::milliseconds t = timeout == c10d::kUnsetTimeout ? timeout_ : timeout;
-  flight_->issued(seq, name, shapes_of(outputs),
-                  outputs.empty() ? std::string() : std::string(c10::toString(outputs[0].scalar_type())));
+  if (flight_->capacity() != 0) {
+    const std::vector<int64_t>& dims = dims_of(outputs);
+    flight_->issued(seq, name, dims.data(), dims.size(),
+                    outputs.empty() ? "" : c10::toString(outputs[0].scalar_type()));
+  }
   auto work = c10::make_intrusive<RingWork>(rank_, type, name, seq, std::move(outputs), queue_.state());
   std::function<void()> task = [this, body = std::move(body), name, seq, t] {
     OpContext ctx;

@@ -42,6 +42,8 @@ class Ring {
  public:
   // slice_bytes: the most a single message carries (clamped to the transport's slot size).
   Ring(Transport& transport, size_t slice_bytes);
+  // Whether received headers are compared with the op (on by default; see Config).
+  void set_check_fingerprints(bool on) { check_fingerprints_ = on; }
 
   // out = in[rank 0] op in[rank 1] op ... (count elements of type t on every rank), then divided
   // by `divisor` when it is not 1 (AVG). `in` may equal `out`; otherwise they must not overlap.
@@ -137,6 +139,7 @@ class Ring {
   int rank_;
   int size_;
   size_t slice_bytes_;
+  bool check_fingerprints_ = true;
 };
 
 }  // namespace ringreduce
