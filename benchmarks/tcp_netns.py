@@ -189,7 +189,7 @@ def run(args) -> int:
             return 2
 
     sys.path.insert(0, _REPO)
-    from ringreduce._netns import destroy_hosts, make_hosts, private_shm_prefix
+    from ringreduce._netns import destroy_hosts, make_hosts, private_shm_prefix, wait_both
 
     tag = str(os.getpid())
     hosts = None
@@ -227,17 +227,7 @@ def run(args) -> int:
                                           stdin=subprocess.DEVNULL, start_new_session=True))
         print(f"# two namespaces {hosts.ns[0]} ({hosts.addr[0]}) and {hosts.ns[1]} ({hosts.addr[1]}); "
               f"running (logs in {tmp}) ...", file=sys.stderr, flush=True)
-        deadline = time.monotonic() + args.timeout
-        codes: list = [None, None]
-        while None in codes and time.monotonic() < deadline:
-            for k, p in enumerate(procs):
-                if codes[k] is None:
-                    try:
-                        codes[k] = p.wait(timeout=max(0.01, min(0.5, deadline - time.monotonic())))
-                    except subprocess.TimeoutExpired:
-                        pass
-            if any(c not in (None, 0) for c in codes):
-                deadline = min(deadline, time.monotonic() + 15)  # the other one will not finish
+        codes, _ = wait_both(procs, args.timeout, grace=15)  # after a failure, the other won't finish
         ok = codes == [0, 0] and os.path.exists(table)
         if not ok:
             for k, log in enumerate(logs):

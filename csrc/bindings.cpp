@@ -13,6 +13,22 @@
 
 namespace py = pybind11;
 
+namespace {
+
+// A wire struct from exactly sizeof(T) bytes handed over from Python.
+template <class T>
+T wire_struct(const py::bytes& bytes, const char* what) {
+  const std::string d = bytes;
+  if (d.size() != sizeof(T)) {
+    throw std::invalid_argument(std::string(what) + ": " + std::to_string(sizeof(T)) + " bytes expected");
+  }
+  T out;
+  std::memcpy(&out, d.data(), sizeof out);
+  return out;
+}
+
+}  // namespace
+
 PYBIND11_MODULE(_C, m) {
   m.doc() = "ringreduce: ring collectives as a torch.distributed backend";
   // Registers c10d's Python types (Backend, Store) so pybind11 can use them as base and argument.
@@ -119,21 +135,13 @@ PYBIND11_MODULE(_C, m) {
   wire.def(
       "check_data_header",
       [](py::bytes header, uint32_t len) {
-        const std::string d = header;
-        if (d.size() != sizeof(ringreduce::MsgHeader)) throw std::invalid_argument("header: 32 bytes expected");
-        ringreduce::MsgHeader h;
-        std::memcpy(&h, d.data(), sizeof h);
-        return tcp::check_data_header(h, len);
+        return tcp::check_data_header(wire_struct<ringreduce::MsgHeader>(header, "header"), len);
       },
       py::arg("header"), py::arg("len"));
   wire.def(
       "check_state_body",
       [](py::bytes body, int world) {
-        const std::string d = body;
-        if (d.size() != sizeof(tcp::StateBody)) throw std::invalid_argument("body: 16 bytes expected");
-        tcp::StateBody b;
-        std::memcpy(&b, d.data(), sizeof b);
-        return tcp::check_state_body(b, world);
+        return tcp::check_state_body(wire_struct<tcp::StateBody>(body, "body"), world);
       },
       py::arg("body"), py::arg("world"));
 

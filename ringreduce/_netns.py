@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from dataclasses import dataclass
 
 SETUP_TIMEOUT = 30.0  # seconds for any one `ip` / `unshare` command
@@ -33,6 +34,26 @@ def private_shm_prefix(ns: str) -> list[str]:
     mount namespace with a tmpfs of its own on /dev/shm (no shared memory with anyone)."""
     return ["ip", "netns", "exec", ns, "unshare", "--ipc", "--mount", "--propagation", "private",
             "sh", "-c", 'mount -t tmpfs tmpfs /dev/shm && exec "$@"', "sh"]
+
+
+def wait_both(procs, timeout: float, grace: float):
+    """Waits for the two hosts' processes until `timeout` seconds; once one has failed, the other
+    gets at most `grace` seconds more (its ranks may be stuck waiting for the failed host).
+    Returns (exit codes, None for one still running; why the wait stopped short, or "")."""
+    deadline = time.monotonic() + timeout
+    codes: list = [None] * len(procs)
+    why = f"timed out after {timeout:.0f}s"
+    while None in codes and time.monotonic() < deadline:
+        for k, p in enumerate(procs):
+            if codes[k] is None:
+                try:
+                    codes[k] = p.wait(timeout=max(0.01, min(0.5, deadline - time.monotonic())))
+                except subprocess.TimeoutExpired:
+                    pass
+        if None in codes and any(c not in (None, 0) for c in codes) and deadline > time.monotonic() + grace:
+            deadline = time.monotonic() + grace
+            why = f"killed {grace:.0f}s after the other host's process failed"
+    return codes, why if None in codes else ""
 
 
 def kill_namespace_processes(ns: str):

@@ -25,13 +25,12 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
 from ringreduce._netns import (Hosts, cmd as _cmd, destroy_hosts, kill_namespace_processes,
-                              make_hosts, private_shm_prefix)
+                              make_hosts, private_shm_prefix, wait_both)
 
 REPO = Path(__file__).resolve().parent.parent
 JOB_TIMEOUT = 180.0  # seconds for one torchrun pair, start to finish
@@ -350,20 +349,7 @@ def run_job(h: Hosts, tmp_path: Path, *, use_ifname: bool, port: int, nproc: int
                                           stdin=subprocess.DEVNULL, start_new_session=True))
         # Wait for both; once one has failed, the other gets FAILURE_GRACE more (its ranks may
         # be stuck in a collective, or its agent in torchrun's exit barrier, for minutes).
-        start = time.monotonic()
-        deadline = start + timeout
-        codes: list = [None, None]
-        why = f"timed out after {timeout:.0f}s"
-        while None in codes and time.monotonic() < deadline:
-            for k, p in enumerate(procs):
-                if codes[k] is None:
-                    try:
-                        codes[k] = p.wait(timeout=max(0.01, min(0.5, deadline - time.monotonic())))
-                    except subprocess.TimeoutExpired:
-                        pass
-            if None in codes and any(c not in (None, 0) for c in codes) and deadline > time.monotonic() + FAILURE_GRACE:
-                deadline = time.monotonic() + FAILURE_GRACE
-                why = f"killed {FAILURE_GRACE:.0f}s after the other host's torchrun failed"
+        codes, why = wait_both(procs, timeout, FAILURE_GRACE)
         stuck = [k for k in range(2) if codes[k] is None]
         if stuck:
             _dump_stacks(h, procs, stuck)
