@@ -80,9 +80,10 @@ PYBIND11_MODULE(_C, m) {
       .def("bucket_of", &Buckets::bucket_of, py::arg("param"))
       .def("view", &Buckets::view, py::arg("param"))
       .def("prepare", &Buckets::prepare, py::arg("scale"), py::arg("unused"),
-           py::arg("single_in_place"))
-      .def("reduce_target", &Buckets::reduce_target, py::arg("bucket"))
-      .def("in_place", &Buckets::in_place, py::arg("bucket"))
+           py::arg("solo_in_place"))
+      .def("reduce_targets", &Buckets::reduce_targets, py::arg("bucket"))
+      .def("in_place", &Buckets::in_place, py::arg("param"))
+      .def("solo", &Buckets::solo, py::arg("param"))
       .def("mark_ready", &Buckets::mark_ready, py::arg("param"), py::arg("grad_as_view"))
       .def("mark_unused", &Buckets::mark_unused, py::arg("param"))
       .def_property_readonly("num_ready", &Buckets::num_ready)

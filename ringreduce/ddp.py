@@ -16,11 +16,11 @@ How an iteration runs:
   and say which buckets are complete; each complete bucket's all-reduce starts at once,
   asynchronously, in bucket order (so every rank issues them in the same order). The hook does
   nothing else: communication overlaps the rest of backward.
-  On a ringreduce group, whose all-reduce averages as it reduces (``ReduceOp.AVG``), two copies
-  are saved: a bucket of one parameter is reduced in place in that parameter's ``.grad`` (its flat
-  buffer would be a copy of that one tensor), and with ``gradient_as_bucket_view`` the
-  gradients, which autograd accumulated into the buckets themselves, are not scaled in place
-  beforehand.
+  On a ringreduce group, whose all-reduce averages as it reduces (``ReduceOp.AVG``), copies are
+  saved: a large gradient (1 MiB or more, or the only one in its bucket) is reduced in place in
+  its parameter's ``.grad``, and the smaller ones of its bucket in the flat buffer, so a bucket
+  may take a few all-reduces; and with ``gradient_as_bucket_view`` the gradients, which autograd
+  accumulated into the buckets themselves, are not scaled in place beforehand.
 * the end of backward (a callback queued on the autograd engine): waits for the buckets'
   all-reduces and writes the averages to the parameters' ``.grad`` (or leaves ``.grad`` as views of
   the buckets with ``gradient_as_bucket_view``).
@@ -196,7 +196,7 @@ class DistributedDataParallel(nn.Module):
 
         self._hook: Callable | None = None
         self._hook_state: Any = None
-        self._pending: list = []  # (bucket, Work or Future) started in this iteration, in order
+        self._pending: list = []  # (bucket, [Work] or [Future]) started in this iteration, in order
         self._callback_queued = False
         self._locally_unused: list[int] = []
         self._static_unused: list[int] | None = None
@@ -307,8 +307,9 @@ class DistributedDataParallel(nn.Module):
         # A forward whose backward never ran (or was not reduced): its started all-reduces are
         # waited for, so that every rank's group stays in step.
         if self._pending:
-            for _, handle in self._pending:
-                handle.wait()
+            for _, handles in self._pending:
+                for handle in handles:
+                    handle.wait()
             self._pending = []
 
     def _start_iteration(self, out):
@@ -332,8 +333,8 @@ class DistributedDataParallel(nn.Module):
         self._buckets_average = average and self.gradient_as_bucket_view
         if self._buckets_average:
             scale = 1.0
-        single_in_place = average and not self.gradient_as_bucket_view
-        for b in self._buckets.prepare(scale, unused, single_in_place):
+        solo_in_place = average and not self.gradient_as_bucket_view
+        for b in self._buckets.prepare(scale, unused, solo_in_place):
             self._start_bucket(b)
 
     def _grad_ready(self, index: int):
@@ -344,22 +345,25 @@ class DistributedDataParallel(nn.Module):
             torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
         started = self._buckets.mark_ready(index, self.gradient_as_bucket_view)
         if self._buckets.num_ready == self._buckets.num_params:
-            self._completed_before_last_grad = sum(1 for _, h in self._pending if _done(h))
+            self._completed_before_last_grad = sum(
+                1 for _, hs in self._pending if all(_done(h) for h in hs))
         for b in started:
             self._start_bucket(b)
 
     def _start_bucket(self, b: int):
         if self._hook is None:
-            avg = self._buckets_average or self._buckets.in_place(b)
-            handle = dist.all_reduce(self._buckets.reduce_target(b),
-                                     op=dist.ReduceOp.AVG if avg else dist.ReduceOp.SUM,
-                                     group=self.process_group, async_op=True)
+            # One all-reduce per segment (see _start_iteration), the whole buffer otherwise.
+            handles = [dist.all_reduce(t, op=dist.ReduceOp.AVG if solo or self._buckets_average
+                                       else dist.ReduceOp.SUM,
+                                       group=self.process_group, async_op=True)
+                       for t, solo in self._buckets.reduce_targets(b)]
         else:
             handle = self._hook(self._hook_state, GradBucket(self, b))
             if not isinstance(handle, _FUTURES):
                 raise TypeError("ringreduce DistributedDataParallel: a comm hook must return a "
                                 f"torch.futures.Future, got {type(handle).__name__}")
-        self._pending.append((b, handle))
+            handles = [handle]
+        self._pending.append((b, handles))
 
     def _end_of_backward(self):
         self._callback_queued = False
@@ -389,10 +393,10 @@ class DistributedDataParallel(nn.Module):
         # Each bucket goes back to the gradients as soon as its all-reduce is done, while the
         # later buckets are still being reduced.
         waited = 0.0
-        for b, handle in self._pending:
+        for b, handles in self._pending:
             t0 = time.perf_counter()
-            if isinstance(handle, _FUTURES):
-                value = handle.wait()
+            if self._hook is not None:
+                value = handles[0].wait()
                 waited += time.perf_counter() - t0
                 if isinstance(value, (list, tuple)):
                     value = value[0]
@@ -401,7 +405,8 @@ class DistributedDataParallel(nn.Module):
                     with torch.no_grad():
                         buf.copy_(value)
             else:
-                handle.wait()
+                for handle in handles:
+                    handle.wait()
                 waited += time.perf_counter() - t0
             self._buckets.write_back(b, used, self.gradient_as_bucket_view)
         self._pending = []

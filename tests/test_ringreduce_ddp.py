@@ -160,8 +160,10 @@ def test_bucket_layout_and_overlap(ranks):
 
 def _rank_large_and_in_place(ctx):
     """Gradients larger than the L3 cache (written back with streaming stores when they share a
-    bucket) and one-parameter buckets (reduced in place in .grad on a ringreduce group, copied
-    on gloo, which has no AVG): each averaged exactly as one process computes it."""
+    bucket), one-parameter buckets and large parameters sharing a bucket with small ones (on a
+    ringreduce group the large ones are reduced in place in .grad and the small ones in the
+    buffer; on gloo, which has no AVG, all of them are copied): each gradient averaged exactly as
+    one process computes it."""
     import copy
 
     import torch
@@ -173,7 +175,10 @@ def _rank_large_and_in_place(ctx):
 
     failures = []
     torch.manual_seed(2)
-    base = nn.Sequential(nn.Linear(2048, 4100), nn.Tanh(), nn.Linear(4100, 8))  # 33.6 MB weight
+    # 33.6 MB and 4.9 MB weights; with a 64 MB cap both share a bucket with the first layer's bias
+    base = nn.Sequential(nn.Linear(2048, 4100), nn.Tanh(), nn.Linear(4100, 300), nn.Tanh(),
+                         nn.Linear(300, 8))
+    names = [n for n, _ in base.named_parameters()]
     groups = {ctx.backend: dist.group.WORLD}
     if ctx.backend != "gloo":
         groups["gloo"] = dist.new_group(backend="gloo")
@@ -181,9 +186,16 @@ def _rank_large_and_in_place(ctx):
     reference = copy.deepcopy(base)
     (sum(F.mse_loss(reference(x), torch.zeros(16, 8)) for x in xs) / ctx.world_size).backward()
     for label, group in groups.items():
-        for cap in (25, 64):  # the big weight alone in a bucket; everything in one bucket
+        for cap in (25, 64):
             model = copy.deepcopy(base)
             ddp = ringreduce.DistributedDataParallel(model, process_group=group, bucket_cap_mb=cap)
+            buckets = ddp._buckets
+            averaging = dist.get_backend(group) == "ringreduce"
+            assignment = ddp.bucket_assignment()
+            shared = [b for b in assignment if len(b) > 1 and any(
+                dict(model.named_parameters())[n].numel() * 4 >= 1 << 20 for n in b)]
+            if cap == 64 and not shared:
+                failures.append(f"{label}, cap {cap}: no large parameter shares a bucket: {assignment}")
             for step in range(2):  # .grad None, then accumulated into
                 model.zero_grad(set_to_none=(step == 0))
                 F.mse_loss(ddp(xs[ctx.rank]), torch.zeros(16, 8)).backward()
@@ -192,15 +204,24 @@ def _rank_large_and_in_place(ctx):
                     if not torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-7):
                         failures.append(f"{tag}: {n}.grad differs from the single-process average "
                                         f"(max diff {(p.grad - q.grad).abs().max().item():.3g})")
-                buckets = ddp._buckets
-                for b in range(buckets.num_buckets):
+                for i, (n, p) in enumerate(model.named_parameters()):
                     # In step 0, .grad is the tensor AccumulateGrad handed over: in place too.
-                    want = len(buckets.params_of(b)) == 1 and dist.get_backend(group) == "ringreduce"
-                    if buckets.in_place(b) != want:
-                        failures.append(f"{tag}: bucket {b} {ddp.bucket_assignment()[b]} reduced "
-                                        f"{'in place' if buckets.in_place(b) else 'in its buffer'}")
-            if cap == 64 and len(ddp.bucket_assignment()) > 2:
-                failures.append(f"{tag}: {ddp.bucket_assignment()} should be two buckets at most")
+                    alone = len(buckets.params_of(buckets.bucket_of(i))) == 1
+                    want = averaging and (alone or p.numel() * 4 >= 1 << 20)
+                    if buckets.in_place(i) != want:
+                        failures.append(f"{tag}: {n} (bucket {assignment[buckets.bucket_of(i)]}) "
+                                        f"reduced {'in place' if buckets.in_place(i) else 'in its bucket'}")
+                for b, members in enumerate(assignment):
+                    # Each large one alone, the runs of small ones between them once each.
+                    kinds = [buckets.solo(names.index(n)) for n in members]
+                    want = 1 if not averaging else sum(kinds) + sum(
+                        1 for k, small in enumerate(kinds) if not small and (k == 0 or kinds[k - 1]))
+                    got = len(buckets.reduce_targets(b))
+                    if got != want:
+                        failures.append(f"{tag}: bucket {members} reduced by {got} all-reduces, "
+                                        f"expected {want}")
+            if cap == 64 and len(assignment) > 2:
+                failures.append(f"{tag}: {assignment} should be two buckets at most")
     return failures, {}
 
 

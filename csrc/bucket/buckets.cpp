@@ -74,12 +74,29 @@ Buckets::Buckets(std::vector<at::Tensor> params, int64_t first_bucket_bytes, int
     // Owned here; zeroed so that a parameter that never gets a gradient contributes nothing.
     b.buffer = at::zeros({elems}, params_[ps.front()].options().requires_grad(false));
     b.params = std::move(ps);
+    for (size_t i = 0; i < b.params.size(); ++i) {
+      const at::Tensor& t = params_[b.params[i]];
+      const bool solo =
+          b.params.size() == 1 || t.numel() * static_cast<int64_t>(t.element_size()) >= kSoloBytes;
+      if (!solo && !b.segments.empty() && !b.segments.back().solo) {
+        b.segments.back().end = i + 1;  // extends the run of small ones
+      } else {
+        b.segments.push_back(Segment{i, i + 1, solo});
+      }
+    }
     buckets_.push_back(std::move(b));
     const int64_t id = num_buckets() - 1;
     for (int64_t p : buckets_.back().params) bucket_of_[p] = id;
     rebuild_views(id);
   }
   ready_.assign(n, 0);
+  in_place_.assign(n, 0);
+  solo_.assign(n, 0);
+  for (const Bucket& bk : buckets_) {
+    for (const Segment& seg : bk.segments) {
+      if (seg.solo) solo_[bk.params[seg.begin]] = 1;
+    }
+  }
 }
 
 void Buckets::rebuild_views(int64_t b) {
@@ -128,18 +145,18 @@ void Buckets::set_buffer(int64_t b, const at::Tensor& t) {
 }
 
 std::vector<int64_t> Buckets::prepare(double scale, const std::vector<int64_t>& unused,
-                                      bool single_in_place) {
+                                      bool solo_in_place) {
   scale_ = scale;
-  single_in_place_ = single_in_place;
+  solo_in_place_ = solo_in_place;
   in_iteration_ = true;
   ready_.assign(params_.size(), 0);
+  in_place_.assign(params_.size(), 0);
   ready_count_ = 0;
   next_start_ = 0;
   ready_when_started_.clear();
   for (Bucket& b : buckets_) {
     b.pending = static_cast<int64_t>(b.params.size());
     b.complete = false;
-    b.in_place = false;
   }
   std::vector<int64_t> start;
   for (int64_t p : unused) {
@@ -179,29 +196,27 @@ std::vector<int64_t> Buckets::mark_ready(int64_t p, bool grad_as_view) {
   at::NoGradGuard no_grad;
   const at::Tensor grad = param.grad();
   Bucket& b = buckets_[bucket_of_[p]];
-  if (single_in_place_ && !grad_as_view && b.params.size() == 1 && grad.defined() &&
-      grad.layout() == at::kStrided && grad.is_contiguous() &&
+  const bool solo_avg = solo_in_place_ && !grad_as_view && solo_[p];
+  if (solo_avg && grad.defined() && grad.layout() == at::kStrided && grad.is_contiguous() &&
       grad.scalar_type() == view.scalar_type() && grad.device() == view.device() &&
       !grad.is_same(view)) {
-    // The flat buffer of a one-parameter bucket would hold exactly this tensor: copying the
-    // gradient in and the result back out moves its bytes twice for nothing (for a large layer,
-    // as much memory traffic as the all-reduce itself).
-    b.in_place = true;
-    b.pending = 0;
-    b.complete = true;
+    in_place_[p] = 1;  // reduced where it lies: no copy in, none out
+    if (--b.pending == 0) b.complete = true;
     return start_ready_buckets();
   }
+  // A solo segment is averaged in the reduction, so its gradient goes in unscaled.
+  const double scale = solo_avg ? 1.0 : scale_;
   if (!grad.defined()) {
     view.zero_();
   } else if (grad.is_same(view)) {
     // Already the bucket's view (gradient_as_bucket_view): scale in place.
-    if (scale_ != 1.0) view.mul_(scale_);
-  } else if (scale_ != 1.0) {
+    if (scale != 1.0) view.mul_(scale);
+  } else if (scale != 1.0) {
     // Copy and scale in one pass. The factor as a 0-dim tensor of the gradient's dtype: a bare
     // double would be a float64 operand and send the whole multiply through a promoting
     // (measured 6x slower) path.
     at::Tensor out = view;
-    at::mul_out(out, grad, at::scalar_tensor(scale_, grad.options()));
+    at::mul_out(out, grad, at::scalar_tensor(scale, grad.options()));
   } else {
     view.copy_(grad);
   }
@@ -219,14 +234,32 @@ std::vector<int64_t> Buckets::start_ready_buckets() {
   return start;
 }
 
-bool Buckets::in_place(int64_t b) const {
-  TORCH_CHECK(b >= 0 && b < num_buckets(), "ringreduce DistributedDataParallel: no bucket ", b);
-  return buckets_[b].in_place;
+bool Buckets::in_place(int64_t p) const {
+  TORCH_CHECK(p >= 0 && p < num_params(), "ringreduce DistributedDataParallel: no parameter ", p);
+  return in_place_[p] != 0;
 }
 
-at::Tensor Buckets::reduce_target(int64_t b) const {
-  if (!in_place(b)) return buckets_[b].buffer;
-  return params_[buckets_[b].params.front()].grad();
+bool Buckets::solo(int64_t p) const {
+  TORCH_CHECK(p >= 0 && p < num_params(), "ringreduce DistributedDataParallel: no parameter ", p);
+  return solo_[p] != 0;
+}
+
+std::vector<std::pair<at::Tensor, bool>> Buckets::reduce_targets(int64_t b) const {
+  const Bucket& bk = buckets_[b];
+  (void)buffer(b);  // checks b
+  if (!solo_in_place_) return {{bk.buffer, false}};
+  std::vector<std::pair<at::Tensor, bool>> out;
+  for (const Segment& seg : bk.segments) {
+    if (seg.solo) {
+      const int64_t p = bk.params[seg.begin];
+      out.emplace_back(in_place_[p] ? params_[p].grad() : views_[p].view({-1}), true);
+    } else {
+      const int64_t from = bk.offsets[seg.begin];
+      const int64_t to = bk.offsets[seg.end - 1] + params_[bk.params[seg.end - 1]].numel();
+      out.emplace_back(bk.buffer.narrow(0, from, to - from), false);
+    }
+  }
+  return out;
 }
 
 std::vector<int64_t> Buckets::pending_params() const {
@@ -244,9 +277,9 @@ void Buckets::write_back(int64_t b, const std::vector<uint8_t>& used, bool grad_
               "ringreduce DistributedDataParallel: write_back got ", used.size(), " flags for ",
               params_.size(), " parameters");
   const Bucket& bk = buckets_[b];
-  if (bk.in_place) return;  // reduced where it lies
   at::NoGradGuard no_grad;
   for (int64_t p : bk.params) {
+    if (in_place_[p]) continue;  // reduced where it lies
     if (!used.empty() && !used[p]) continue;
     at::Tensor& param = params_[p];
     const at::Tensor& view = views_[p];
