@@ -36,6 +36,27 @@ std::string describe(const MsgHeader& h) {
   return s;
 }
 
+bool same_header(const MsgHeader& a, const MsgHeader& b) {
+  return a.seq == b.seq && a.count == b.count && a.bytes == b.bytes && a.kind == b.kind &&
+         a.dtype == b.dtype && a.redop == b.redop && a.root == b.root;
+}
+
+// Lets the transport land receives from `peer` in place for as long as it lives (one op), and
+// stops that however the op ends, before the op's buffers go back to the caller.
+class Landing {
+ public:
+  Landing(Transport& t, int peer, Transport::LandFn land) : t_(t), peer_(peer) {
+    t_.land_recvs(peer, std::move(land));
+  }
+  ~Landing() { t_.stop_landing(peer_); }
+  Landing(const Landing&) = delete;
+  Landing& operator=(const Landing&) = delete;
+
+ private:
+  Transport& t_;
+  int peer_;
+};
+
 }  // namespace
 
 Ring::Ring(Transport& transport, size_t slice_bytes)
@@ -142,6 +163,16 @@ void Ring::reduce_scatter_slice(const Plan& p, size_t j, const Chunks& in, DType
   t_.recv_end(prev);
 }
 
+void* Ring::landing_spot(const Plan& p, size_t j, int s, const Chunks& out, const MsgHeader& fp,
+                         const MsgHeader& got) const {
+  const int c = ((rank_ - s) % size_ + size_) % size_;
+  const Span sp = span(p, c, j);
+  MsgHeader want = fp;
+  want.bytes = sp.len * p.es;
+  if (sp.len == 0 || !same_header(got, want)) return nullptr;
+  return out.at(c) + sp.offset * p.es;
+}
+
 void Ring::all_gather_slice(const Plan& p, size_t j, const Chunks& out, const MsgHeader& fp,
                             const OpContext& ctx, const Deadline& dl) {
   const int n = size_, r = rank_;
@@ -157,7 +188,8 @@ void Ring::all_gather_slice(const Plan& p, size_t j, const Chunks& out, const Ms
       if (sp.len) copy(dst, src, sp.len * p.es);
       send_done(next, fp, sp.len * p.es);
     }
-    if (sp.len) copy(out.at(c) + sp.offset * p.es, src, sp.len * p.es, p.streaming);
+    uint8_t* target = out.at(c) + sp.offset * p.es;
+    if (sp.len && src != target) copy(target, src, sp.len * p.es, p.streaming);  // else it landed there
     t_.recv_end(prev);
   }
 }
@@ -176,6 +208,15 @@ void Ring::allreduce(const void* in_ptr, void* out_ptr, size_t count, DType t, R
   const MsgHeader fp = fingerprint(ctx, OpKind::Allreduce, count, t,
                                    static_cast<uint8_t>(op) | (divisor != 1 ? 0x80 : 0), -1);
   const int next = (rank_ + 1) % n;
+  // From the predecessor come, per slice, n-1 reduce-scatter messages (reduced out of their slot)
+  // and then n-1 all-gather ones, which may land straight in `out`.
+  const uint64_t per_slice = 2 * static_cast<uint64_t>(n - 1);
+  Landing landing(t_, (rank_ + n - 1) % n, [&](uint64_t i, const MsgHeader& got) -> void* {
+    const size_t j = i / per_slice;
+    const int k = static_cast<int>(i % per_slice) - (n - 1);
+    if (j >= p.nslices || k < 0) return nullptr;
+    return landing_spot(p, j, k + 1, out, fp, got);
+  });
   for (size_t j = 0; j < p.nslices; ++j) {
     // The last reduce-scatter step is fused with the first all-gather step: the result is
     // computed into the outgoing slot (in cache), sent on, and copied to our output.
@@ -228,6 +269,13 @@ void Ring::all_gather(const void* in_ptr, const Chunks& out, size_t count, DType
   const Plan p = plan(count * static_cast<size_t>(n), count, t);
   const MsgHeader fp = fingerprint(ctx, OpKind::AllGather, count, t, 0, -1);
   const int next = (rank_ + 1) % n;
+  // From the predecessor come n-1 messages per slice, each landing straight in `out` if it can.
+  const uint64_t per_slice = static_cast<uint64_t>(n - 1);
+  Landing landing(t_, (rank_ + n - 1) % n, [&](uint64_t i, const MsgHeader& got) -> void* {
+    const size_t j = i / per_slice;
+    if (j >= p.nslices) return nullptr;
+    return landing_spot(p, j, static_cast<int>(i % per_slice) + 1, out, fp, got);
+  });
   for (size_t j = 0; j < p.nslices; ++j) {
     const Span sp = span(p, rank_, j);
     void* dst = t_.send_begin(next, ctx, dl);

@@ -135,6 +135,12 @@ class Ring {
   void all_gather_slice(const Plan& p, size_t j, const Chunks& out, const MsgHeader& fp,
                         const OpContext& ctx, const Deadline& dl);
 
+  // Where the all-gather message of slice j at step s (1..n-1) goes in `out`, for a transport
+  // that lands receives in place (Transport::land_recvs): null unless `got` is exactly the header
+  // that message must carry. Called on the transport's thread; reads only the op's constants.
+  void* landing_spot(const Plan& p, size_t j, int s, const Chunks& out, const MsgHeader& fp,
+                     const MsgHeader& got) const;
+
   Transport& t_;
   int rank_;
   int size_;

@@ -79,6 +79,10 @@ const void* RoutedTransport::try_recv_begin(int peer, MsgHeader* hdr) {
 
 #undef RR_ROUTED
 
+void RoutedTransport::land_recvs(int peer, LandFn land) { to(peer).land_recvs(peer, std::move(land)); }
+
+void RoutedTransport::stop_landing(int peer) { to(peer).stop_landing(peer); }
+
 // With shared memory present, the TCP side rings the shared-memory doorbell (hooks_beside), so
 // one doorbell covers both.
 uint32_t RoutedTransport::doorbell() const { return shm_ ? shm_->doorbell() : tcp_->doorbell(); }

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "common/deadline.h"
@@ -105,6 +106,23 @@ class Transport {
   // query over TCP, a read of its segment over shared memory). For the diagnosis of timeouts.
   virtual PeerState own_state() const = 0;
   virtual PeerState peer_state(int peer, const Deadline& dl) = 0;
+
+  // Receives that land where the caller would copy them (optional: a transport that reads
+  // payloads off a socket uses it to skip that copy; one in shared memory has nothing to skip).
+  // Installed for the span of one op, before its first receive from `peer`, when every message
+  // of earlier ops from `peer` has been received: message i of the op (0 = the next one to be
+  // received) may be read straight into land(i, its header) when that returns non-null, and
+  // recv_begin then returns that address, so the caller sees its data already in place. land
+  // runs on the transport's own thread once a message's header is in and before any byte of its
+  // payload; it must return null unless the header is exactly the expected one, so that nothing
+  // reaches a caller's tensor that the caller's check would refuse. stop_landing(peer) removes
+  // it, and returns only once no payload is being written to an address it gave.
+  using LandFn = std::function<void*(uint64_t index, const MsgHeader& hdr)>;
+  virtual void land_recvs(int peer, LandFn land) {
+    (void)peer;
+    (void)land;
+  }
+  virtual void stop_landing(int peer) { (void)peer; }
 
   // In a group that routes peers over several transports, each of them follows chains of waits
   // through the routing one, which sees every peer; by default a transport does so through

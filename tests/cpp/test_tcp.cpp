@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <functional>
@@ -142,6 +143,119 @@ RR_TEST(allreduce_over_tcp_alone_and_over_mixed_hops) {
       RR_EXPECT(errors[r].empty(), "world ", n, " sockets ", l.sockets, ": rank ", r, ": ", errors[r]);
     }
     ++seed;
+  }
+}
+
+// How many all-gather messages rank r receives from its predecessor with a non-empty payload, in
+// a ring all-reduce (or all-gather) whose chunks are `chunk` elements cut in slices of `slice`.
+uint64_t gather_messages(size_t count, size_t chunk, size_t slice, int n, int r) {
+  const size_t nslices = std::max<size_t>(1, (chunk + slice - 1) / slice);
+  uint64_t m = 0;
+  for (size_t j = 0; j < nslices; ++j) {
+    for (int s = 1; s < n; ++s) {
+      const size_t c = static_cast<size_t>(((r - s) % n + n) % n);
+      const size_t begin = std::min(count, c * chunk);
+      const size_t len = std::min(count - begin, chunk);
+      if (std::min(len, j * slice) < len) ++m;
+    }
+  }
+  return m;
+}
+
+RR_TEST(receives_over_tcp_land_in_place_and_only_when_their_header_is_right) {
+  // Every all-gather message from a TCP predecessor is read straight into the output (in-place and
+  // out-of-place all-reduce, all-gather); the results are exact; and a desynchronised op lands
+  // nothing and leaves the caller's buffer as it was.
+  struct Layout {
+    std::vector<int> host_of;
+    uint32_t sockets;
+  };
+  const std::vector<Layout> layouts = {{{0, 1}, 1}, {{0, 1}, 3}, {{0, 1, 2}, 2}, {{0, 0, 1, 1}, 2}};
+  const size_t slot = 4096, slice = slot / 4;
+  for (const auto& l : layouts) {
+    const int n = static_cast<int>(l.host_of.size());
+    MapBootstrap bs;
+    std::atomic<int> done_with_good_ops{0};
+    const auto errors = run_ranks(n, [&](int r) {
+      RankTransports t = make_transports(bs, incarnation_prefix(bs, n), r, n, l.host_of, slot, l.sockets);
+      Ring ring(*t.routed, slot);
+      const int prev = (r + n - 1) % n;
+      const bool tcp_prev = l.host_of[prev] != l.host_of[r];
+      uint64_t seq = 0, want = 0;
+      for (size_t count : {size_t(1), size_t(3001), size_t(40000)}) {
+        std::vector<int32_t> x(count), y(count, -7);
+        for (size_t i = 0; i < count; ++i) x[i] = input_of(r, i, 9);
+        const size_t chunk = (count + n - 1) / n;
+        for (int in_place = 0; in_place < 2; ++in_place) {
+          std::vector<int32_t> in = x;
+          int32_t* out = in_place ? in.data() : y.data();
+          ring.allreduce(in.data(), out, count, DType::Int32, RedOp::Sum, 1, ctx(seq++),
+                         Deadline::after(milliseconds(20000)));
+          if (tcp_prev) want += gather_messages(count, chunk, slice, n, r);
+          for (size_t i = 0; i < count; ++i) {
+            int32_t sum = 0;
+            for (int q = 0; q < n; ++q) sum += input_of(q, i, 9);
+            if (out[i] != sum) {
+              throw Error(detail::cat("allreduce of ", count, (in_place ? " in place" : ""),
+                                      ": element ", i, " is ", out[i], ", want ", sum));
+            }
+          }
+        }
+        if (t.tcp->landed_messages() != want) {
+          throw Error(detail::cat("all-reduces of ", count, ": ", t.tcp->landed_messages(),
+                                  " messages landed in place, want ", want));
+        }
+        // An all-gather's first messages leave the predecessor at once, and up to a link's slots
+        // of them may be read before this rank has entered the op: those go to their slot.
+        std::vector<int32_t> gathered(count * n, -1);
+        ring.all_gather(x.data(), Chunks(gathered.data(), count * 4), count, DType::Int32, ctx(seq++),
+                        Deadline::after(milliseconds(20000)));
+        if (tcp_prev) {
+          const uint64_t most = gather_messages(count * n, count, slice, n, r);
+          const uint64_t landed = t.tcp->landed_messages() - want;
+          if (landed > most || landed + 3 < most) {
+            throw Error(detail::cat("all_gather of ", count, ": ", landed, " of ", most,
+                                    " messages landed in place"));
+          }
+          want += landed;
+        }
+        for (int q = 0; q < n; ++q) {
+          for (size_t i = 0; i < count; ++i) {
+            if (gathered[q * count + i] != input_of(q, i, 9)) {
+              throw Error(detail::cat("all_gather of ", count, ": chunk ", q, " element ", i, " is ",
+                                      gathered[q * count + i]));
+            }
+          }
+        }
+      }
+      // Ranks disagree on the size: every rank fails, and nothing lands in their buffers. (Once
+      // every rank is out of the ops before, so that the abort cannot reach one still in them.)
+      ++done_with_good_ops;
+      while (done_with_good_ops.load() < n) std::this_thread::yield();
+      std::vector<int32_t> z(20000 + 1000 * r, 5);
+      const auto t0 = Clock::now();
+      bool failed = false;
+      try {
+        ring.allreduce(z.data(), z.data(), z.size(), DType::Int32, RedOp::Sum, 1, ctx(seq++),
+                       Deadline::after(milliseconds(20000)));
+      } catch (const std::exception&) {
+        failed = true;
+      }
+      if (!failed) throw Error("an all-reduce of different sizes did not fail");
+      if (Clock::now() - t0 > std::chrono::seconds(5)) {
+        throw Error("an all-reduce of different sizes took more than 5 s to fail");
+      }
+      for (int32_t v : z) {
+        if (v != 5) throw Error("a failed all-reduce changed its buffer");
+      }
+      if (t.tcp->landed_messages() != want) {
+        throw Error(detail::cat("a failed all-reduce landed ", t.tcp->landed_messages() - want,
+                                " messages"));
+      }
+    });
+    for (int r = 0; r < n; ++r) {
+      RR_EXPECT(errors[r].empty(), "world ", n, " sockets ", l.sockets, ": rank ", r, ": ", errors[r]);
+    }
   }
 }
 

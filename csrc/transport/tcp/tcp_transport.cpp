@@ -199,6 +199,11 @@ struct TcpTransport::Conn {
   MsgHeader hdr{};
   size_t in_off = 0;
   uint64_t next_msg = 0;  // the message the next Data frame on this socket carries
+  // Where the payload being read lands instead of its slot (Peer::land gave it; guarded by mu_,
+  // since stop_landing clears it), and whether a recv() into it is running right now.
+  uint8_t* landing = nullptr;
+  bool in_landing_recv = false;
+  bool may_land = false;  // the I/O thread's own: `landing` was set for this payload
   std::string reason;
   bool stalled = false;   // the next message's slot is still held by the receiver
   bool said_bye = false;
@@ -215,6 +220,10 @@ struct TcpTransport::Peer {
   std::vector<uint8_t> recv_mem;
   std::vector<uint8_t> recv_full;
   std::vector<MsgHeader> recv_hdr;
+  std::vector<uint8_t*> recv_landed;  // per slot: where its message's payload landed, or null
+  // The current op's destinations (land_recvs): message land_base + i lands at land(i, hdr).
+  Transport::LandFn land;
+  uint64_t land_base = 0;
   uint64_t received = 0;
   bool io_waiting = false;  // the I/O thread waits for recv_end to free a slot
   // Sockets on which the peer said Bye (after all its data on that socket). When every socket has,
@@ -275,6 +284,7 @@ TcpTransport::TcpTransport(Bootstrap& bs, const std::string& prefix, int rank, i
     pr->recv_mem.assign(cfg.nslots * slot_stride_, 0);
     pr->recv_full.assign(cfg.nslots, 0);
     pr->recv_hdr.assign(cfg.nslots, MsgHeader{});
+    pr->recv_landed.assign(cfg.nslots, nullptr);
     peers_[p] = std::move(pr);
     expected_conns_ += static_cast<int>(cfg.sockets);
   }
@@ -758,6 +768,14 @@ bool TcpTransport::drain(Conn& c) {
       }
       case Conn::In::Payload:
         into = pr.recv_mem.data() + (c.next_msg % cfg_.nslots) * slot_stride_ + kPayloadAt;
+        if (c.may_land) {
+          // Marked under the lock, so that stop_landing can wait for this recv() to return.
+          std::lock_guard<std::mutex> lock(mu_);
+          if (c.landing != nullptr) {
+            into = c.landing;
+            c.in_landing_recv = true;
+          }
+        }
         want = c.hdr.bytes;
         break;
       case Conn::In::Reason:
@@ -771,6 +789,13 @@ bool TcpTransport::drain(Conn& c) {
     }
     if (c.in_off < want) {
       const ssize_t n = recv(c.fd, into + c.in_off, want - c.in_off, 0);
+      if (c.in == Conn::In::Payload && c.may_land) {
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          c.in_landing_recv = false;
+        }
+        landing_cv_.notify_all();
+      }
       if (n > 0) {
         c.in_off += static_cast<size_t>(n);
       } else if (n == 0) {
@@ -841,7 +866,14 @@ bool TcpTransport::drain(Conn& c) {
           return false;
         }
         c.in = Conn::In::Payload;
-        if (c.hdr.bytes != 0) break;
+        if (c.hdr.bytes != 0) {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (pr.land && c.next_msg >= pr.land_base) {
+            c.landing = static_cast<uint8_t*>(pr.land(c.next_msg - pr.land_base, c.hdr));
+            c.may_land = c.landing != nullptr;
+          }
+          break;
+        }
         [[fallthrough]];
       }
       case Conn::In::Payload: {
@@ -850,6 +882,10 @@ bool TcpTransport::drain(Conn& c) {
           const size_t s = c.next_msg % cfg_.nslots;
           pr.recv_hdr[s] = c.hdr;
           pr.recv_full[s] = 1;
+          pr.recv_landed[s] = c.landing;
+          if (c.landing != nullptr) landed_.fetch_add(1, std::memory_order_relaxed);
+          c.landing = nullptr;
+          c.may_land = false;
         }
         c.next_msg += cfg_.sockets;
         c.in = Conn::In::Head;
@@ -1042,6 +1078,7 @@ const void* TcpTransport::recv_begin(int peer, MsgHeader* hdr, const OpContext& 
   const size_t s = pr.received % cfg_.nslots;
   wait_until(lock, [&] { return pr.recv_full[s] != 0; }, peer, "its data", op, dl);
   *hdr = pr.recv_hdr[s];
+  if (pr.recv_landed[s] != nullptr) return pr.recv_landed[s];
   return pr.recv_mem.data() + s * slot_stride_ + kPayloadAt;
 }
 
@@ -1051,6 +1088,7 @@ void TcpTransport::recv_end(int peer) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     pr.recv_full[pr.received % cfg_.nslots] = 0;
+    pr.recv_landed[pr.received % cfg_.nslots] = nullptr;
     ++pr.received;
     wake = pr.io_waiting;
     pr.io_waiting = false;
@@ -1076,7 +1114,30 @@ const void* TcpTransport::try_recv_begin(int peer, MsgHeader* hdr) {
   const size_t s = pr.received % cfg_.nslots;
   if (!pr.recv_full[s]) return nullptr;
   *hdr = pr.recv_hdr[s];
+  if (pr.recv_landed[s] != nullptr) return pr.recv_landed[s];
   return pr.recv_mem.data() + s * slot_stride_ + kPayloadAt;
+}
+
+void TcpTransport::land_recvs(int peer, LandFn land) {
+  check_peer(peer, "land_recvs");
+  Peer& pr = *peers_[peer];
+  std::lock_guard<std::mutex> lock(mu_);
+  pr.land = std::move(land);
+  pr.land_base = pr.received;
+}
+
+void TcpTransport::stop_landing(int peer) {
+  Peer& pr = *peers_[peer];
+  std::unique_lock<std::mutex> lock(mu_);
+  pr.land = nullptr;
+  for (Conn* c : pr.conns) {
+    if (c == nullptr) continue;
+    // A recv() into the op's memory returns at once (the socket does not block); after it, the
+    // rest of that payload goes to its slot. That only happens when the op ended early (it
+    // failed), so its messages are not read any more.
+    landing_cv_.wait(lock, [c] { return !c->in_landing_recv; });
+    c->landing = nullptr;
+  }
 }
 
 uint32_t TcpTransport::doorbell() const { return doorbell_.value.load(std::memory_order_seq_cst); }

@@ -7,6 +7,10 @@
 // written out, recv_begin for the next message to have arrived whole. So the ring code is the
 // one the shared-memory path runs, and a group can mix the two per hop (see routed.h).
 //
+// Receives land in place: while an op has told where its next payloads go (land_recvs), the I/O
+// thread reads a payload whose header is the expected one straight into its destination instead
+// of a slot, which saves the ring a copy of every byte it receives into its output.
+//
 // Each pair has `sockets` connections; message k of a pair travels on socket k % sockets, so the
 // receiver knows which message every frame carries without any sequence field and large
 // transfers are spread over several streams. One I/O thread per transport serves every socket
@@ -104,11 +108,16 @@ class TcpTransport final : public Transport {
   PeerState own_state() const override;
   // Sends the peer a Query frame and waits until `dl` for its State.
   PeerState peer_state(int peer, const Deadline& dl) override;
+  // Payloads the ring would copy out of a slot are read straight into their destination.
+  void land_recvs(int peer, LandFn land) override;
+  void stop_landing(int peer) override;
 
   // "ip:port" this rank listens on.
   const std::string& address() const { return address_; }
   // Connections dropped for a bad or missing Hello since start-up (for the tests).
   uint64_t rejected_connections() const { return rejected_.load(); }
+  // Messages whose payload landed in place (land_recvs) since start-up (for the tests).
+  uint64_t landed_messages() const { return landed_.load(); }
 
  private:
   struct Conn;
@@ -153,6 +162,7 @@ class TcpTransport final : public Transport {
 
   mutable std::mutex mu_;          // guards the fields below and the Peer/Conn queues
   std::condition_variable cv_;     // progress: a slot freed, a message arrived, an abort
+  std::condition_variable landing_cv_;  // a recv() into a landing address returned
   std::vector<std::unique_ptr<Peer>> peers_;
   std::vector<std::unique_ptr<Conn>> adopted_;  // connected by this thread, for the I/O thread
   // The I/O thread's own: accepted connections whose Hello is not complete, and every
@@ -164,6 +174,7 @@ class TcpTransport final : public Transport {
   bool aborted_ = false;
   std::string reason_;
   std::atomic<uint64_t> rejected_{0};
+  std::atomic<uint64_t> landed_{0};
   // This rank's state as a State frame gives it: set by the ring's thread in its waits.
   std::atomic<uint64_t> op_seq_{0};
   std::atomic<int32_t> blocked_on_{-1};
