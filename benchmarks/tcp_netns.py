@@ -32,7 +32,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -189,7 +188,8 @@ def run(args) -> int:
             return 2
 
     sys.path.insert(0, _REPO)
-    from ringreduce._netns import destroy_hosts, make_hosts, private_shm_prefix, wait_both
+    from ringreduce._netns import (destroy_hosts, make_hosts, private_shm_prefix,
+                                   stop_process_group, wait_both)
 
     tag = str(os.getpid())
     hosts = None
@@ -242,12 +242,7 @@ def run(args) -> int:
         return 0
     finally:
         for p in procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                p.wait(timeout=30)
+            stop_process_group(p)
         if hosts is not None:
             destroy_hosts(hosts)
         for log in logs:

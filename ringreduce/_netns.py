@@ -56,6 +56,17 @@ def wait_both(procs, timeout: float, grace: float):
     return codes, why if None in codes else ""
 
 
+def stop_process_group(p: subprocess.Popen):
+    """Kills a host's launcher started with start_new_session, and everything under it, unless it
+    has exited already."""
+    if p.poll() is None:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait(timeout=30)
+
+
 def kill_namespace_processes(ns: str):
     p = cmd("ip", "netns", "pids", ns, check=False)
     for pid in p.stdout.split():

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from ringreduce._netns import (Hosts, cmd as _cmd, destroy_hosts, kill_namespace_processes,
-                              make_hosts, private_shm_prefix, wait_both)
+                              make_hosts, private_shm_prefix, stop_process_group, wait_both)
 
 REPO = Path(__file__).resolve().parent.parent
 JOB_TIMEOUT = 180.0  # seconds for one torchrun pair, start to finish
@@ -285,15 +285,6 @@ def _clean_env():
     return env
 
 
-def _stop(p: subprocess.Popen):
-    if p.poll() is None:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        p.wait(timeout=30)
-
-
 def _dump_stacks(h: Hosts, procs, stuck):
     """Ask the ranks under the torchruns that did not finish for their Python stacks (they
     print them to the torchrun's output on SIGUSR1), and give them a moment to."""
@@ -356,7 +347,7 @@ def run_job(h: Hosts, tmp_path: Path, *, use_ifname: bool, port: int, nproc: int
         codes = [why if c is None else c for c in codes]
     finally:
         for p in procs:
-            _stop(p)
+            stop_process_group(p)
         for ns in h.ns:  # ranks that outlived their torchrun
             kill_namespace_processes(ns)
     outputs = []

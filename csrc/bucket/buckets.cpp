@@ -245,8 +245,8 @@ bool Buckets::solo(int64_t p) const {
 }
 
 std::vector<std::pair<at::Tensor, bool>> Buckets::reduce_targets(int64_t b) const {
-  const Bucket& bk = buckets_[b];
   (void)buffer(b);  // checks b
+  const Bucket& bk = buckets_[b];
   if (!solo_in_place_) return {{bk.buffer, false}};
   std::vector<std::pair<at::Tensor, bool>> out;
   for (const Segment& seg : bk.segments) {

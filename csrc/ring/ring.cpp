@@ -36,9 +36,10 @@ std::string describe(const MsgHeader& h) {
   return s;
 }
 
-bool same_header(const MsgHeader& a, const MsgHeader& b) {
-  return a.seq == b.seq && a.count == b.count && a.bytes == b.bytes && a.kind == b.kind &&
-         a.dtype == b.dtype && a.redop == b.redop && a.root == b.root;
+// The fingerprint: every field of the header but the message's own size.
+bool same_op(const MsgHeader& a, const MsgHeader& b) {
+  return a.seq == b.seq && a.kind == b.kind && a.count == b.count && a.dtype == b.dtype &&
+         a.redop == b.redop && a.root == b.root;
 }
 
 // Lets the transport land receives from `peer` in place for as long as it lives (one op), and
@@ -83,11 +84,8 @@ const void* Ring::recv_checked(int peer, const MsgHeader& expect, size_t bytes,
   MsgHeader got;
   const void* payload = t_.recv_begin(peer, &got, ctx, dl);
   // The size is checked whatever check_fingerprints_ says: it bounds what the ring reads.
-  const bool same_op = !check_fingerprints_ ||
-                       (got.seq == expect.seq && got.kind == expect.kind &&
-                        got.count == expect.count && got.dtype == expect.dtype &&
-                        got.redop == expect.redop && got.root == expect.root);
-  if (!same_op || got.bytes != bytes) {
+  const bool agree = !check_fingerprints_ || same_op(got, expect);
+  if (!agree || got.bytes != bytes) {
     // A group aborted meanwhile (this rank's peer gave up on an earlier op whose messages are
     // still queued here): that is the cause to report, not the stale message.
     const std::string aborted = t_.abort_reason();
@@ -99,7 +97,7 @@ const void* Ring::recv_checked(int peer, const MsgHeader& expect, size_t bytes,
         "ringreduce ", ctx.name, " #", ctx.seq, ": rank ", rank_, " and rank ", peer,
         " called different collectives: rank ", peer, " sent ", describe(got), ", rank ", rank_,
         " is in ", describe(expect),
-        same_op ? detail::cat(" (message of ", got.bytes, " bytes where ", bytes, " were expected)")
+        agree ? detail::cat(" (message of ", got.bytes, " bytes where ", bytes, " were expected)")
                 : std::string());
     t_.abort_group(msg);
     throw Error(msg);
@@ -167,9 +165,7 @@ void* Ring::landing_spot(const Plan& p, size_t j, int s, const Chunks& out, cons
                          const MsgHeader& got) const {
   const int c = ((rank_ - s) % size_ + size_) % size_;
   const Span sp = span(p, c, j);
-  MsgHeader want = fp;
-  want.bytes = sp.len * p.es;
-  if (sp.len == 0 || !same_header(got, want)) return nullptr;
+  if (sp.len == 0 || got.bytes != sp.len * p.es || !same_op(got, fp)) return nullptr;
   return out.at(c) + sp.offset * p.es;
 }
 
