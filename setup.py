@@ -32,8 +32,12 @@ def sources(*patterns):
     return sorted(found)
 
 
+# Sources that need the CUDA toolkit: the kernels, the device transports and the torch layer's
+# CUDA side. Built only when cuda_build_reason() says so.
+CUDA_SOURCES = sources("reduce/*.cu", "transport/cuda_ipc/*.cpp", "backend/cuda_side.cpp")
+
 # The torch-free core (also built on its own by CMakeLists.txt) and the torch layer.
-CPU_SOURCES = sources(
+CPU_SOURCES = [s for s in sources(
     "common/*.cpp",
     "reduce/*.cpp",
     "transport/**/*.cpp",
@@ -42,27 +46,29 @@ CPU_SOURCES = sources(
     "backend/*.cpp",
     "bucket/*.cpp",
     "bindings.cpp",
-)
+) if s not in CUDA_SOURCES]
 
 
 def cuda_build_reason():
-    """Why the CUDA sources are (not) built: the seam the CUDA issue fills in."""
+    """Whether the CUDA sources are built, and why (not)."""
+    if os.environ.get("RINGREDUCE_NO_CUDA", "") not in ("", "0"):
+        return False, "RINGREDUCE_NO_CUDA is set"
     if torch.version.cuda is None:
         return False, "the installed torch has no CUDA"
-    if shutil.which("nvcc") is None and cpp_extension.CUDA_HOME is None:
-        return False, "nvcc was not found"
-    cu = sources("reduce/*.cu", "transport/**/*.cu")
-    if not cu:
-        return False, "this version of ringreduce has no CUDA sources yet"
+    if cpp_extension.CUDA_HOME is None or shutil.which("nvcc", path=os.path.join(cpp_extension.CUDA_HOME, "bin")) is None:
+        if shutil.which("nvcc") is None:
+            return False, "nvcc was not found (set CUDA_HOME)"
     return True, f"torch {torch.__version__} has CUDA {torch.version.cuda}"
 
 
-# The torch this build is for, readable without loading the extension (see load_extension()).
-with open(os.path.join(ROOT, "ringreduce", "_build_info.py"), "w") as f:
-    f.write(f'"""Written by setup.py."""\n\nTORCH_VERSION = {torch.__version__!r}\n')
-
 with_cuda, reason = cuda_build_reason()
 print(f"ringreduce: {'building' if with_cuda else 'not building'} the CUDA sources: {reason}")
+
+# The torch this build is for, and whether it handles CUDA tensors, readable without loading the
+# extension (see ringreduce/_registration.py).
+with open(os.path.join(ROOT, "ringreduce", "_build_info.py"), "w") as f:
+    f.write(f'"""Written by setup.py."""\n\nTORCH_VERSION = {torch.__version__!r}\n'
+            f'WITH_CUDA = {with_cuda!r}\nCUDA_NOTE = {reason!r}\n')
 
 cxx_flags = [
     "-O3",
@@ -86,13 +92,30 @@ class BuildExt(cpp_extension.BuildExtension.with_options(use_ninja=True)):
         self.build_temp = os.path.join(ROOT, "build", "ext")
 
 
-ext = cpp_extension.CppExtension(
-    name="ringreduce._C",
-    sources=CPU_SOURCES,
-    include_dirs=[os.path.join(ROOT, "csrc")],
-    extra_compile_args={"cxx": cxx_flags},
-    libraries=["rt"],
-)
+cuda_note = "built without CUDA: " + reason
+if with_cuda:
+    # sm_80 (A100) and sm_90 (H100) machine code, plus PTX for newer GPUs to compile at load.
+    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0+PTX")
+    ext = cpp_extension.CUDAExtension(
+        name="ringreduce._C",
+        sources=CPU_SOURCES + CUDA_SOURCES,
+        include_dirs=[os.path.join(ROOT, "csrc")],
+        define_macros=[("RINGREDUCE_WITH_CUDA", "1")],
+        extra_compile_args={
+            "cxx": cxx_flags,
+            # No FMA contraction: every rank must compute the same bits as the CPU kernels.
+            "nvcc": ["-O3", "--fmad=false", "-std=c++17"],
+        },
+        libraries=["rt"],
+    )
+else:
+    ext = cpp_extension.CppExtension(
+        name="ringreduce._C",
+        sources=CPU_SOURCES,
+        include_dirs=[os.path.join(ROOT, "csrc")],
+        extra_compile_args={"cxx": cxx_flags + [f'-DRINGREDUCE_CUDA_NOTE="{cuda_note}"']},
+        libraries=["rt"],
+    )
 
 setup(
     packages=find_packages(include=["ringreduce", "ringreduce.*"]),

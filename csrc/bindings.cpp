@@ -55,6 +55,9 @@ PYBIND11_MODULE(_C, m) {
                              [](const ringreduce::RingBackend& b) { return b.config().tcp_sockets; })
       .def("tcp_peers", &ringreduce::RingBackend::tcp_peers,
            "Ranks of this group reached over TCP (those whose shared memory is not reachable).")
+      .def("cuda_transport", &ringreduce::RingBackend::cuda_transport,
+           "How CUDA tensors travel in this group: 'cuda_ipc', 'staged', or '' before its first "
+           "CUDA op")
       .def("tcp_address", &ringreduce::RingBackend::tcp_address,
            "The ip:port this rank listens on for its TCP peers, '' without any.")
       .def("dump_flight_recorder", &ringreduce::RingBackend::dump_flight_recorder,
@@ -146,7 +149,15 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("body"), py::arg("world"));
 
+  m.def("reduce_tensors", &ringreduce::reduce_tensors, py::arg("dst"), py::arg("a"), py::arg("b"),
+        py::arg("op"),
+        "dst = a op b with ringreduce's own kernels (CPU, or CUDA on the current stream), for "
+        "tests and the kernel benchmark; op is 'sum', 'product', 'min', 'max', 'band', 'bor' or 'bxor'");
+#ifdef RINGREDUCE_WITH_CUDA
+  m.attr("built_with_cuda") = true;
+#else
   m.attr("built_with_cuda") = false;
+#endif
   // The torch this extension was compiled against (setup.py passes it): its C++ ABI is not stable
   // across torch releases, so the Python side compares it with the running torch.
   m.attr("torch_version") = RINGREDUCE_TORCH_VERSION;

@@ -11,8 +11,15 @@ import warnings
 
 BACKEND_NAME = "ringreduce"
 
-# Devices whose tensors this build handles; "cuda" joins with the CUDA transport and kernels.
-_DEVICES = ["cpu"]
+
+def _devices():
+    """The devices whose tensors this build handles: "cuda" too where it was built with CUDA."""
+    try:
+        from ringreduce import _build_info
+    except ImportError:
+        return ["cpu"]
+    return ["cpu", "cuda"] if getattr(_build_info, "WITH_CUDA", False) else ["cpu"]
+
 
 _registered = False
 _extension = None
@@ -79,5 +86,5 @@ def register() -> None:
                       "backend is not registered", RuntimeWarning, stacklevel=2)
         return
     if BACKEND_NAME.upper() not in dist.Backend._plugins:
-        dist.Backend.register_backend(BACKEND_NAME, _create_backend, devices=_DEVICES)
+        dist.Backend.register_backend(BACKEND_NAME, _create_backend, devices=_devices())
     _registered = True

@@ -3,12 +3,18 @@
     python -m ringreduce.bench                     # 2 local ranks, 1K..64M, float32 sum
     python -m ringreduce.bench -g 4 -d bfloat16 -o max
     torchrun --nproc-per-node 4 -m ringreduce.bench
+    python -m ringreduce.bench --device cuda -g 2  # CUDA tensors, every rank on one GPU
 
 Both backends run in the same processes and alternate at every size, so machine noise hits both alike:
 machines are noisy, and only ratios measured side by side are worth quoting. Barriers and the
 bookkeeping reductions go through a separate gloo group, so a measured backend runs nothing but the
 measured collective. The run also measures the machine's aggregate copy bandwidth, which bounds any
 same-host collective, and prints how close ringreduce gets to that floor.
+
+With --device cuda the buffers are CUDA tensors and rank r uses GPU r % (GPUs visible): with one GPU,
+every rank shares it, and the floor is that GPU's copy bandwidth against the bytes all ranks move
+through its memory together. NCCL cannot put two ranks on one GPU, so it is not a column; instead
+rank 0 times it at world size 1 after the table, in a process of its own, as the launch-overhead floor.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import re
 import shlex
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -57,6 +64,19 @@ COPY_REPS = 5
 COPY_TRIALS = 5
 # The correctness check builds its reference in float64 this many elements at a time, to bound memory.
 CHECK_CHUNK = 1 << 20
+# CUDA mode: the GPU's copy, and ringreduce's reduction kernel, are measured on buffers far larger
+# than the GPU's L2 (50 MiB on an H100), timed with CUDA events over GPU_REPS calls after
+# GPU_WARMUP untimed ones, the best of COPY_TRIALS such runs.
+GPU_COPY_MIN_BYTES = 256 << 20
+KERNEL_BYTES = 256 << 20
+GPU_REPS = 20
+GPU_WARMUP = 3
+# The issue's targets for ranks sharing one GPU: the kernel against the GPU's copy, and at world size
+# 2 the all_reduce against its memory floor, against gloo, and at 8 KiB.
+KERNEL_TARGET = 0.85
+TARGET_FLOOR_BYTES, TARGET_FLOOR_RATIO = 256 << 20, 2.0
+TARGET_GLOO_RATIO = 50.0
+TARGET_LATENCY_BYTES, TARGET_LATENCY_S = 8 << 10, 50e-6
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -124,6 +144,26 @@ def ringreduce_allreduce_bytes(nbytes: int, world: int) -> int:
     return 2 * world * nbytes if world > 1 else 0
 
 
+def ringreduce_cuda_allreduce_bytes(nbytes: int, world: int) -> int:
+    """Bytes that pass through one GPU's memory, summed over all ranks, in one ringreduce all_reduce
+    of CUDA tensors with every rank on that GPU: their traffic adds up in the one memory.
+
+    It follows the ring's kernels over CUDA IPC, where a slot is device memory in the successor's
+    inbox; change it here if the ring changes. In units of one chunk (nbytes / n), each rank reads +
+    writes:
+        reduce-scatter, first step: copy its input chunk into the successor's slot      2
+        n-2 middle steps: read the received slot and the input, write the next slot      3 each
+        last step: the same into the outgoing slot, then copy that slot to the output   3 + 2
+        all-gather, n-2 forwarded chunks: slot to the next slot, and slot to the output  4 each
+        the last chunk received: slot to the output                                       2
+    That is 2 + 3(n-2) + 5 + 4(n-2) + 2 = 7n-5 chunks per rank and (7n-5) * nbytes for all n ranks.
+    Unlike the host ring's model, the slots count: this is the floor for these kernels as if nothing
+    stayed in the GPU's L2, so slots that do stay there can let an op beat it. One rank, in place,
+    moves nothing.
+    """
+    return (7 * world - 5) * nbytes if world > 1 else 0
+
+
 # ---------------------------------------------------------------------------------------------------
 # Correctness check
 
@@ -168,10 +208,13 @@ def _count_wrong(got: torch.Tensor, want: torch.Tensor, redop: str, floating: bo
     return int((got != want).sum())
 
 
-def check_all_reduce(count: int, dtype: torch.dtype, redop: str, group, rank: int, world: int) -> int:
-    """Run one all_reduce on known inputs; return how many of this rank's output elements are wrong."""
+def check_all_reduce(
+    count: int, dtype: torch.dtype, redop: str, group, rank: int, world: int, device: torch.device
+) -> int:
+    """Run one all_reduce on known inputs on `device`; return how many of this rank's output
+    elements are wrong. The float64 reference is built on the host, as the results are compared."""
     signed = dtype.is_floating_point or dtype.is_signed
-    buf = torch.empty(count, dtype=dtype)
+    buf = torch.empty(count, dtype=dtype, device=device)
     for lo in range(0, count, CHECK_CHUNK):
         idx = torch.arange(lo, min(lo + CHECK_CHUNK, count))
         buf[lo : lo + len(idx)] = check_input(redop, signed, world, rank, idx).to(dtype)
@@ -179,7 +222,7 @@ def check_all_reduce(count: int, dtype: torch.dtype, redop: str, group, rank: in
     wrong = 0
     for lo in range(0, count, CHECK_CHUNK):
         idx = torch.arange(lo, min(lo + CHECK_CHUNK, count))
-        got = buf[lo : lo + len(idx)].to(torch.float64)
+        got = buf[lo : lo + len(idx)].to("cpu", torch.float64)
         wrong += _count_wrong(got, expected_result(redop, signed, world, idx), redop, dtype.is_floating_point)
     return wrong
 
@@ -195,13 +238,18 @@ class Collective:
     # measured (the whole buffer, as nccl-tests counts it); outputs are allocated here, once, so
     # that allocation stays out of the timing. Results are not checked.
     prepare: Callable[[torch.Tensor, str, object, int], Callable[[], None]]
-    # Runs it once on known inputs: (count, dtype, redop, group, rank, world) -> wrong elements here.
-    check: Callable[[int, torch.dtype, str, object, int, int], int]
+    # Runs it once on known inputs on a device:
+    # (count, dtype, redop, group, rank, world, device) -> wrong elements here.
+    check: Callable[[int, torch.dtype, str, object, int, int, torch.device], int]
     busbw_factor: Callable[[int], float]
     busbw_formula: str
     # Bytes ringreduce reads plus writes machine-wide for one op of N bytes on n ranks.
     floor_bytes: Callable[[int, int], int]
     floor_formula: str
+    # The same through one GPU's memory, for CUDA tensors with every rank on that GPU; None where
+    # there is no model (the floor columns then read N/A).
+    cuda_floor_bytes: Callable[[int, int], int] | None = None
+    cuda_floor_formula: str = ""
 
 
 def _prepare_all_reduce(buf, redop, group, world):
@@ -210,7 +258,7 @@ def _prepare_all_reduce(buf, redop, group, world):
 
 def _prepare_reduce_scatter(buf, redop, group, world):
     per = buf.numel() // world  # N is the input; each rank keeps N/n
-    out = torch.empty(per, dtype=buf.dtype)
+    out = torch.empty(per, dtype=buf.dtype, device=buf.device)
     inp = buf[: per * world]
     return lambda: dist.reduce_scatter_tensor(out, inp, op=REDOPS[redop], group=group)
 
@@ -242,54 +290,60 @@ def _data(dtype, signed, world, rank, idx):
     return check_input("sum", signed, world, rank, idx).to(dtype)
 
 
-def check_reduce_scatter(count, dtype, redop, group, rank, world):
+# The check_* functions below run the op on `device` and compare on the host, where the expected
+# values are built.
+
+
+def check_reduce_scatter(count, dtype, redop, group, rank, world, device):
     signed = dtype.is_floating_point or dtype.is_signed
     per = count // world
-    inp = check_input(redop, signed, world, rank, torch.arange(per * world)).to(dtype)
-    out = torch.empty(per, dtype=dtype)
+    inp = check_input(redop, signed, world, rank, torch.arange(per * world)).to(device, dtype)
+    out = torch.empty(per, dtype=dtype, device=device)
     dist.reduce_scatter_tensor(out, inp, op=REDOPS[redop], group=group)
     want = expected_result(redop, signed, world, torch.arange(rank * per, (rank + 1) * per))
-    return _count_wrong(out.to(torch.float64), want, redop, dtype.is_floating_point)
+    return _count_wrong(out.to("cpu", torch.float64), want, redop, dtype.is_floating_point)
 
 
-def check_reduce(count, dtype, redop, group, rank, world):
+def check_reduce(count, dtype, redop, group, rank, world, device):
     signed = dtype.is_floating_point or dtype.is_signed
     idx = torch.arange(count)
-    buf = check_input(redop, signed, world, rank, idx).to(dtype)
+    buf = check_input(redop, signed, world, rank, idx).to(device, dtype)
     dist.reduce(buf, dst=0, op=REDOPS[redop], group=group)
     if rank != 0:
         return 0
-    return _count_wrong(buf.to(torch.float64), expected_result(redop, signed, world, idx), redop,
+    return _count_wrong(buf.to("cpu", torch.float64), expected_result(redop, signed, world, idx), redop,
                         dtype.is_floating_point)
 
 
-def check_all_gather(count, dtype, redop, group, rank, world):
+def check_all_gather(count, dtype, redop, group, rank, world, device):
     signed = dtype.is_floating_point or dtype.is_signed
     per = count // world
-    out = torch.empty(per * world, dtype=dtype)
-    dist.all_gather_into_tensor(out, _data(dtype, signed, world, rank, torch.arange(per)), group=group)
+    out = torch.empty(per * world, dtype=dtype, device=device)
+    dist.all_gather_into_tensor(out, _data(dtype, signed, world, rank, torch.arange(per)).to(device),
+                                group=group)
     want = torch.cat([_data(dtype, signed, world, q, torch.arange(per)) for q in range(world)])
-    return int((out != want).sum())
+    return int((out.cpu() != want).sum())
 
 
-def check_broadcast(count, dtype, redop, group, rank, world):
+def check_broadcast(count, dtype, redop, group, rank, world, device):
     signed = dtype.is_floating_point or dtype.is_signed
     idx = torch.arange(count)
-    buf = _data(dtype, signed, world, rank, idx)
+    buf = _data(dtype, signed, world, rank, idx).to(device)
     dist.broadcast(buf, src=0, group=group)
-    return int((buf != _data(dtype, signed, world, 0, idx)).sum())
+    return int((buf.cpu() != _data(dtype, signed, world, 0, idx)).sum())
 
 
-def check_alltoall(count, dtype, redop, group, rank, world):
+def check_alltoall(count, dtype, redop, group, rank, world, device):
     signed = dtype.is_floating_point or dtype.is_signed
     per = count // world
-    inp = _data(dtype, signed, world, rank, torch.arange(per * world))
+    inp = _data(dtype, signed, world, rank, torch.arange(per * world)).to(device)
     out = torch.empty_like(inp)
     dist.all_to_all_single(out, inp, group=group)
+    got = out.cpu()
     # Chunk q of the output is chunk `rank` of rank q's input.
     want = torch.cat([_data(dtype, signed, world, q, torch.arange(rank * per, (rank + 1) * per))
-                      for q in range(world)]) if per else out
-    return int((out != want).sum())
+                      for q in range(world)]) if per else got
+    return int((got != want).sum())
 
 
 def _gather_scatter_factor(n: int) -> float:
@@ -304,7 +358,8 @@ COLLECTIVES = {
     c.name: c
     for c in (
         Collective("all_reduce", _prepare_all_reduce, check_all_reduce, allreduce_busbw_factor,
-                   "2(n-1)/n", ringreduce_allreduce_bytes, "2n*N"),
+                   "2(n-1)/n", ringreduce_allreduce_bytes, "2n*N", ringreduce_cuda_allreduce_bytes,
+                   "(7n-5)*N"),
         Collective("reduce_scatter", _prepare_reduce_scatter, check_reduce_scatter,
                    _gather_scatter_factor, "(n-1)/n", lambda N, n: (n + 1) * N if n > 1 else 0,
                    "(n+1)*N"),
@@ -379,6 +434,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--timeout", type=float, default=600.0, help="seconds before a hung run is killed (default 600)"
     )
+    p.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where the buffers live (default cpu); cuda: rank r on GPU r %% (GPUs visible), so with "
+        "one GPU every rank shares it",
+    )
+    p.add_argument(
+        "--nccl-floor",
+        action=argparse.BooleanOptionalAction,
+        help="with --device cuda: after the table, time NCCL at world size 1 on the same sizes, in a "
+        "process of its own, as the launch-overhead floor (default on with --device cuda)",
+    )
     return p
 
 
@@ -409,6 +477,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("need --iters >= 1 and --warmup >= 0")
     if args.timeout <= 0:
         parser.error("--timeout must be positive")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        why = "this torch is built without CUDA" if torch.version.cuda is None else "no GPU is visible"
+        parser.error(
+            f"--device cuda needs a GPU, but torch.cuda.is_available() is False ({why}; "
+            f"torch {torch.__version__})"
+        )
+    if args.nccl_floor is None:
+        args.nccl_floor = args.device == "cuda"
+    elif args.nccl_floor and args.device != "cuda":
+        parser.error("--nccl-floor needs --device cuda")
     if args.plot:
         try:
             import matplotlib  # noqa: F401 - checked now rather than after the whole run
@@ -483,6 +561,7 @@ def verify_same_plan(args: argparse.Namespace, rank: int, world: int, control) -
         "warmup",
         "backends",
         "check",
+        "device",
     )
     plan = {k: getattr(args, k) for k in keys}
     plans = [None] * world
@@ -522,14 +601,18 @@ def measure_copy_bandwidth(nbytes: int, world: int, control) -> float:
     return world * 2 * src.nbytes * COPY_REPS / best
 
 
-def probe_support(coll: Collective, dtype: torch.dtype, redop: str, group, control) -> str | None:
-    """Why this backend cannot run the collective with this dtype and redop, or None when it can.
+def probe_support(
+    coll: Collective, dtype: torch.dtype, redop: str, group, control, device: torch.device
+) -> str | None:
+    """Why this backend cannot run the collective with this dtype and redop on `device`, or None
+    when it can.
 
-    Backends reject an unsupported dtype or redop before communicating, identically on every rank,
-    so catching the error here leaves the group usable; the ranks then agree through the control group.
+    Backends reject an unsupported dtype, redop or device before communicating, identically on every
+    rank, so catching the error here leaves the group usable; the ranks then agree through the
+    control group.
     """
     try:
-        coll.prepare(torch.zeros(1, dtype=dtype), redop, group, dist.get_world_size(group))()
+        coll.prepare(torch.zeros(1, dtype=dtype, device=device), redop, group, dist.get_world_size(group))()
         reason = None
     except (RuntimeError, ValueError) as e:
         reason = f"{type(e).__name__}: {str(e).splitlines()[0]}"
@@ -550,26 +633,160 @@ def iterations(args: argparse.Namespace, seconds_per_iter: float) -> int:
     return max(args.iters, min(MAX_ITERS, math.ceil(args.min_time / seconds_per_iter)))
 
 
+def _wait_for_device(t: torch.Tensor) -> None:
+    """Let the GPU finish what was queued for `t`'s device: a CUDA collective returns once its work
+    is queued, so a clock read without this would time the queueing. Nothing to wait for on a CPU."""
+    if t.is_cuda:
+        torch.cuda.synchronize(t.device)
+
+
 def time_collective(coll: Collective, buf: torch.Tensor, args: argparse.Namespace, group, control) -> float:
     """Max over ranks of the mean time of one iteration, in seconds."""
     run = coll.prepare(buf, args.redop, group, dist.get_world_size(group))
+    _wait_for_device(buf)
     start = time.perf_counter()
     for _ in range(args.warmup):
         run()
+    _wait_for_device(buf)
     # Every rank must run the same number of iterations: derive it from the slowest rank's warm-up.
     per_iter = _max_over_ranks((time.perf_counter() - start) / max(args.warmup, 1), control)
     iters = iterations(args, per_iter if args.warmup else 0.0)
     dist.barrier(group=control)
+    _wait_for_device(buf)
     start = time.perf_counter()
     for _ in range(iters):
         run()
+    _wait_for_device(buf)
     return _max_over_ranks((time.perf_counter() - start) / iters, control)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The GPU (CUDA mode)
+
+
+@dataclass
+class Gpu:
+    """What rank 0 measured of its GPU before the table, with the other ranks idle."""
+
+    index: int
+    name: str
+    visible: int  # GPUs visible to torch
+    shared: bool  # every rank on this one GPU, whose memory the floor is about
+    copy_bytes: int
+    copy_bw: float  # read+write bytes/s of a device-to-device copy
+    kernel_bw: float | None  # read+write bytes/s of ringreduce's reduction kernel; None: not measured
+    kernel_note: str  # why the kernel was not measured
+
+
+def _cuda_seconds(fn: Callable[[], object]) -> float:
+    """Time of one call of `fn`, which queues GPU work on the current stream, from CUDA events:
+    the best of COPY_TRIALS runs of GPU_REPS calls, after GPU_WARMUP untimed ones."""
+    for _ in range(GPU_WARMUP):
+        fn()
+    best = float("inf")
+    for _ in range(COPY_TRIALS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(GPU_REPS):
+            fn()
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3 / GPU_REPS)  # elapsed_time is in ms
+    return best
+
+
+def measure_reduce_kernel(device: torch.device) -> tuple[float | None, str]:
+    """Read+write bytes/s of ringreduce's own reduction kernel on `device` (float32 sum of two
+    KERNEL_BYTES buffers into a third: three buffers' bytes per call), or None and why not."""
+    try:
+        import ringreduce
+
+        ext = ringreduce.load_extension()
+    except ImportError as e:
+        return None, str(e).splitlines()[0]
+    if not ext.built_with_cuda:
+        from ringreduce import _build_info
+
+        note = getattr(_build_info, "CUDA_NOTE", "setup.py recorded no reason")
+        return None, f"ringreduce._C was built without CUDA: {note}"
+    # Values in [0, 1): no denormals or infinities to slow the arithmetic down.
+    a = torch.rand(KERNEL_BYTES // 4, dtype=torch.float32, device=device)
+    b = torch.rand_like(a)
+    dst = torch.empty_like(a)
+    return 3 * a.nbytes / _cuda_seconds(lambda: ext.reduce_tensors(dst, a, b, "sum")), ""
+
+
+def measure_cuda_copy_bandwidth(nbytes: int, device: torch.device) -> float:
+    """Read+write bytes/s of a device-to-device copy of `nbytes` on `device`: the memory floor's unit."""
+    src = torch.arange(nbytes // 4, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    return 2 * src.nbytes / _cuda_seconds(lambda: dst.copy_(src))
+
+
+def measure_gpu(maxbytes: int, device: torch.device, world: int) -> Gpu:
+    """The GPU's copy bandwidth and ringreduce's kernel, one after the other (each frees its buffers)."""
+    nbytes = max(GPU_COPY_MIN_BYTES, maxbytes)
+    copy_bw = measure_cuda_copy_bandwidth(nbytes, device)
+    kernel_bw, kernel_note = measure_reduce_kernel(device)
+    visible = torch.cuda.device_count()
+    return Gpu(device.index, torch.cuda.get_device_name(device), visible, min(world, visible) == 1, nbytes,
+               copy_bw, kernel_bw, kernel_note)
+
+
+def nccl_floor(args: argparse.Namespace, device: torch.device, sizes: list[int]):
+    """NCCL's time for the op at world size 1 on this GPU: ([(bytes, seconds)] at each size, None),
+    or (None, why it was not measured).
+
+    NCCL refuses two ranks on one GPU, but a rank alone still pays what every NCCL op pays (a kernel
+    launch and the communicator's bookkeeping): a floor under the small sizes. It runs in a fresh
+    process of its own, since this one's default group is the benchmark's.
+    """
+    if not dist.is_nccl_available():
+        return None, "this torch has no NCCL (torch.distributed.is_nccl_available() is False)"
+    with tempfile.TemporaryDirectory(prefix="ringreduce-bench-") as tmp:
+        path = os.path.join(tmp, "nccl.json")
+        status = _launch.spawn(_nccl_rank, 1, args.timeout, (args, device.index, sizes, path),
+                               name=f"{PROG} (NCCL floor)")
+        if status != 0:
+            return None, f"the NCCL process failed with status {status}; its error is above, on stderr"
+        with open(path) as f:
+            done = json.load(f)
+    if done["unsupported"]:
+        return None, f"NCCL cannot run {args.op} {args.dtype} {args.redop} here: {done['unsupported']}"
+    return [tuple(row) for row in done["times"]], None
+
+
+def _nccl_rank(rank: int, world: int, store, args: argparse.Namespace, index: int, sizes: list[int],
+               path: str) -> None:
+    """nccl_floor's process: times the op with NCCL alone on GPU `index`, the results to `path`."""
+    torch.cuda.set_device(index)
+    device = torch.device("cuda", index)
+    timeout = datetime.timedelta(seconds=args.timeout)
+    dist.init_process_group("nccl", store=store, rank=rank, world_size=world, timeout=timeout)
+    try:
+        control = dist.new_group(backend="gloo", timeout=timeout)
+        coll, dtype = COLLECTIVES[args.op], DTYPES[args.dtype]
+        # One op before the timing: NCCL builds its communicator at the first, and here it also
+        # says whether it has this dtype and redop (it has no int16, say).
+        unsupported = probe_support(coll, dtype, args.redop, dist.group.WORLD, control, device)
+        times = []
+        if unsupported is None:
+            for size in sizes:
+                buf = torch.zeros(size // dtype.itemsize, dtype=dtype, device=device)
+                times.append((size, time_collective(coll, buf, args, dist.group.WORLD, control)))
+    finally:
+        dist.destroy_process_group()
+    with open(path, "w") as f:
+        json.dump({"unsupported": unsupported, "times": times}, f)
 
 
 def run_rank(rank: int, world: int, store, args: argparse.Namespace) -> None:
     """One rank's whole benchmark. `store` is the launcher's TCPStore, or None to rendezvous via env://."""
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.device == "cuda":
+        # Before any group exists: backends bind a rank's CUDA work to the current device.
+        torch.cuda.set_device(rank % torch.cuda.device_count())
     for name in set(args.backends):
         ensure_backend(name)
     timeout = datetime.timedelta(seconds=args.timeout)
@@ -607,13 +824,13 @@ SAFETY_OFF = {"RINGREDUCE_CHECK_FINGERPRINTS": "0", "RINGREDUCE_FLIGHT_RECORDER"
 SAFETY_ROUNDS = 5
 
 
-def safety_cost(args: argparse.Namespace, dtype, sizes: list[int], safe, bare, control):
+def safety_cost(args: argparse.Namespace, dtype, sizes: list[int], safe, bare, control, device):
     """Median time per op at each size with the safety work on (`safe`) and off (`bare`),
     measured in alternation so that drift on a shared machine hits both alike."""
     coll = COLLECTIVES[args.op]
     out = []
     for size in sizes:
-        buf = torch.zeros(size // dtype.itemsize, dtype=dtype)
+        buf = torch.zeros(size // dtype.itemsize, dtype=dtype, device=device)
         on, off = [], []
         for _ in range(SAFETY_ROUNDS):
             on.append(time_collective(coll, buf, args, safe, control))
@@ -626,11 +843,24 @@ def _bench(rank: int, world: int, args: argparse.Namespace, groups: list, contro
     verify_same_plan(args, rank, world, control)
     coll = COLLECTIVES[args.op]
     dtype = DTYPES[args.dtype]
-    copy_bw = measure_copy_bandwidth(copy_bytes(args.maxbytes), world, control)
-    unsupported = [probe_support(coll, dtype, args.redop, g, control) for g in groups]
+    gpu = None
+    if args.device == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())
+        # Rank 0 measures the GPU alone while the others wait here: they share it, and any work of
+        # theirs would be measured too. Only rank 0 reports, so only it needs the figures.
+        if rank == 0:
+            gpu = measure_gpu(args.maxbytes, device, world)
+        dist.barrier(group=control)
+        copy_bw = gpu.copy_bw if gpu is not None else None
+    else:
+        device = torch.device("cpu")
+        copy_bw = measure_copy_bandwidth(copy_bytes(args.maxbytes), world, control)
+    unsupported = [probe_support(coll, dtype, args.redop, g, control, device) for g in groups]
     if all(unsupported):
-        raise RuntimeError(f"{PROG}: no backend runs {args.op} {args.dtype} {args.redop}: {unsupported}")
-    report = Report(args, world, coll, copy_bw, unsupported) if rank == 0 else None
+        raise RuntimeError(
+            f"{PROG}: no backend runs {args.op} {args.dtype} {args.redop} on {args.device}: {unsupported}"
+        )
+    report = Report(args, world, coll, copy_bw, unsupported, gpu) if rank == 0 else None
     if report is not None:
         report.header()
 
@@ -639,7 +869,7 @@ def _bench(rank: int, world: int, args: argparse.Namespace, groups: list, contro
         count = size // dtype.itemsize
         # Zeros stay zeros under every redop, so reducing the same buffer again and again neither
         # overflows nor turns denormal (which would slow the arithmetic); the check uses its own inputs.
-        buf = torch.zeros(count, dtype=dtype)
+        buf = torch.zeros(count, dtype=dtype, device=device)
         results = []
         for group, reason in zip(groups, unsupported, strict=True):
             if reason:
@@ -648,19 +878,28 @@ def _bench(rank: int, world: int, args: argparse.Namespace, groups: list, contro
             elapsed = time_collective(coll, buf, args, group, control)
             wrong = None
             if args.check:
-                wrong = _sum_over_ranks(coll.check(count, dtype, args.redop, group, rank, world), control)
+                wrong = coll.check(count, dtype, args.redop, group, rank, world, device)
+                wrong = _sum_over_ranks(wrong, control)
             results.append(Result(elapsed, wrong))
         rows.append((count * dtype.itemsize, count, results))
         if report is not None:
             report.row(*rows[-1])
     costs = None
-    if bare is not None and rows:
+    # Not where ringreduce is N/A (a build without CUDA, in CUDA mode): its bare group would fail too.
+    if bare is not None and rows and not unsupported[0]:
         sizes = sorted({rows[0][0], rows[-1][0]})
-        costs = safety_cost(args, dtype, sizes, groups[0], bare, control)
+        costs = safety_cost(args, dtype, sizes, groups[0], bare, control, device)
     if report is not None:
         report.summary(rows)
+        report.targets(rows)
         if costs:
             report.safety(costs)
+    if args.nccl_floor:
+        # Rank 0's NCCL process has the GPU to itself: the other ranks wait here.
+        if report is not None:
+            report.nccl_floor(*nccl_floor(args, device, [nbytes for nbytes, _, _ in rows]))
+        dist.barrier(group=control)
+    if report is not None:
         if args.json:
             report.write_json(rows, args.json)
         if args.plot:
@@ -675,19 +914,42 @@ def _fmt(value: float | None, spec: str) -> str:
     return "N/A" if value is None else format(value, spec)
 
 
+def _met(ok: bool) -> str:
+    return "met" if ok else "not met"
+
+
 class Report:
     """Prints the table as rows arrive, so a long run shows progress."""
 
     def __init__(
-        self, args: argparse.Namespace, world: int, coll: Collective, copy_bw: float, unsupported: list
+        self,
+        args: argparse.Namespace,
+        world: int,
+        coll: Collective,
+        copy_bw: float,
+        unsupported: list,
+        gpu: Gpu | None,
     ):
-        self.args, self.world, self.coll, self.copy_bw, self.unsupported = (
+        self.args, self.world, self.coll, self.copy_bw, self.unsupported, self.gpu = (
             args,
             world,
             coll,
             copy_bw,
             unsupported,
+            gpu,
         )
+        # The memory floor's byte model (bytes, world) -> bytes, or None and why there is none.
+        self.floor_bytes, self.no_floor = coll.floor_bytes, ""
+        if gpu is not None:
+            self.floor_bytes = coll.cuda_floor_bytes if gpu.shared else None
+            if coll.cuda_floor_bytes is None:
+                self.no_floor = f"no byte model of ringreduce's {coll.name} on CUDA"
+            elif not gpu.shared:
+                self.no_floor = (
+                    f"the ranks are on {min(world, gpu.visible)} GPUs and the model is of one GPU's memory; "
+                    "CUDA_VISIBLE_DEVICES=<one GPU> puts them all on one"
+                )
+        self.nccl: tuple | None = None  # nccl_floor's result, once measured
         self.names = args.backends
         self.groups = [("", [("size(B)", 12), ("count", 12), ("type", 8), ("redop", 6)])]
         for i, name in enumerate(self.names):
@@ -705,6 +967,48 @@ class Report:
     def _busbw(self, nbytes: int, time_s: float) -> float:
         return nbytes / time_s / 1e9 * self.coll.busbw_factor(self.world)
 
+    def _floor_s(self, nbytes: int) -> float | None:
+        """The memory floor of one op of `nbytes`, in seconds; None where there is no model."""
+        return None if self.floor_bytes is None else self.floor_bytes(nbytes, self.world) / self.copy_bw
+
+    def _floor_lines(self, subject: str) -> list[str]:
+        a, n, bw = self.args, self.world, f"{self.copy_bw / 1e9:.2f} GB/s"
+        if self.gpu is None:
+            return [
+                f"Memory floor: {n} rank(s) each copying {format_size(copy_bytes(a.maxbytes))} at once move "
+                f"{bw} (reads + writes, all ranks together)",
+                f"  {subject}'s {a.op} of N bytes reads + writes {self.coll.floor_formula} bytes in all => "
+                f"floor(us) = {self.coll.floor_formula} / {bw}; %floor = floor / time({subject})",
+            ]
+        g = self.gpu
+        lines = [
+            f"Copy bandwidth: {bw} device to device (dst.copy_(src) of {format_size(g.copy_bytes)}, "
+            f"best of {COPY_TRIALS} runs of {GPU_REPS} copies timed with CUDA events; reads + writes)"
+        ]
+        if g.kernel_bw is None:
+            lines.append(f"Kernel: ringreduce's reduction kernel not measured ({g.kernel_note})")
+        else:
+            share = g.kernel_bw / g.copy_bw
+            kb = format_size(KERNEL_BYTES)
+            lines.append(
+                f"Kernel: ringreduce's reduction kernel (_C.reduce_tensors, float32 sum of two {kb} "
+                f"buffers into a third) moves {g.kernel_bw / 1e9:.2f} GB/s (3 x {kb} per call) = "
+                f"{share * 100:.1f}% of the copy bandwidth; target >= {KERNEL_TARGET * 100:.0f}%: "
+                f"{_met(share >= KERNEL_TARGET)}"
+            )
+        if self.floor_bytes is None:
+            lines.append(f"Memory floor: N/A ({self.no_floor})")
+        else:
+            # The model is linear in N: its bytes for N = 1 are the coefficient.
+            k = self.floor_bytes(1, n)
+            lines += [
+                f"Memory floor: {subject}'s {a.op} of N bytes moves {self.coll.cuda_floor_formula}/n bytes "
+                "per rank through the GPU's memory (reads + writes, the ring's slots included)",
+                f"  {n} rank(s) x {k}*N/{n} bytes each through one GPU's memory = {k}*N at {bw} => "
+                f"floor(us) = {k}*N / {bw}; %floor = floor / time({subject})",
+            ]
+        return lines
+
     def header(self) -> None:
         a, n = self.args, self.world
         subject, baseline = self.names[0], self.names[1] if len(self.names) > 1 else None
@@ -713,25 +1017,30 @@ class Report:
             if _launch.launched_by_torchrun()
             else f"spawned locally, {a.threads} intra-op thread(s) each"
         )
-        bw = f"{self.copy_bw / 1e9:.2f} GB/s"
         lines = [
             f"{PROG}: {a.op}, {a.dtype}, redop {a.redop}",
             f"Command: {a.command}",
             f"Date: {datetime.datetime.now().isoformat(sep=' ', timespec='seconds')}",
             f"Host: {platform.node()}, {os.cpu_count()} CPUs, {platform.system()}-{platform.machine()}; "
             f"torch {torch.__version__}; Python {platform.python_version()}",
+        ]
+        if self.gpu is not None:
+            g = self.gpu
+            lines.append(
+                f"Device: cuda:{g.index}, {g.name}; CUDA {torch.version.cuda}; {g.visible} GPU(s) visible, "
+                f"rank r on GPU r % {g.visible}" + (", so every rank shares this one" if g.shared else "")
+            )
+        sync = "; CUDA: torch.cuda.synchronize() before every clock reading" if self.gpu is not None else ""
+        lines += [
             f"World: {n} rank(s), {launch}",
             f"Timing: at each size, {a.warmup} untimed iterations, a barrier, then {a.iters} timed ones "
             f"or as many more as last {a.min_time:g} s (the same count on every rank); "
-            "time = max over ranks of the mean iteration time",
+            f"time = max over ranks of the mean iteration time{sync}",
             f"Backends: {', '.join(self.names)}, alternating at each size; "
             "barriers and bookkeeping on a separate gloo group",
             f"algbw = size / time, busbw = algbw * {self.coll.busbw_formula} "
             f"({n} ranks: x{self.coll.busbw_factor(n):.3f}); GB = 1e9 bytes",
-            f"Memory floor: {n} rank(s) each copying {format_size(copy_bytes(a.maxbytes))} at once move "
-            f"{bw} (reads + writes, all ranks together)",
-            f"  {subject}'s {a.op} of N bytes reads + writes {self.coll.floor_formula} bytes in all => "
-            f"floor(us) = {self.coll.floor_formula} / {bw}; %floor = floor / time({subject})",
+            *self._floor_lines(subject),
         ]
         if baseline:
             lines.append(f"ratio = busbw({subject}) / busbw({baseline}) = time({baseline}) / time({subject})")
@@ -765,9 +1074,14 @@ class Report:
                 "N/A" if r.wrong is None else str(r.wrong),
             ]
             if i == 0:
-                floor_s = self.coll.floor_bytes(nbytes, self.world) / self.copy_bw
-                cells.append(f"{floor_s * 1e6:.1f}")
-                cells.append("-" if floor_s == 0 or r.time_s is None else f"{floor_s / r.time_s * 100:.1f}")
+                floor_s = self._floor_s(nbytes)
+                if floor_s is None:
+                    cells += ["N/A", "N/A"]
+                else:
+                    cells.append(f"{floor_s * 1e6:.1f}")
+                    cells.append(
+                        "-" if floor_s == 0 or r.time_s is None else f"{floor_s / r.time_s * 100:.1f}"
+                    )
         if len(results) > 1:
             cells.append(_fmt(self._ratio(results), ".2f"))
         print(self._line("  ", cells), flush=True)
@@ -779,8 +1093,8 @@ class Report:
             for name, r in zip(self.names, results, strict=True):
                 measured = r.time_s is not None
                 out.append({
-                    "op": self.args.op, "backend": name, "world": self.world, "bytes": nbytes,
-                    "count": count, "dtype": self.args.dtype, "redop": self.args.redop,
+                    "op": self.args.op, "backend": name, "device": self.args.device, "world": self.world,
+                    "bytes": nbytes, "count": count, "dtype": self.args.dtype, "redop": self.args.redop,
                     "time_us": r.time_s * 1e6 if measured else None,
                     "algbw_GBps": nbytes / r.time_s / 1e9 if measured else None,
                     "busbw_GBps": self._busbw(nbytes, r.time_s) if measured else None,
@@ -794,8 +1108,21 @@ class Report:
             "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "host": {"cpus": os.cpu_count(), "torch": torch.__version__},
             "copy_bandwidth_GBps": self.copy_bw / 1e9,
+            "device": {"type": "cpu"},
             "rows": self.records(rows),
         }
+        if self.gpu is not None:
+            g = self.gpu
+            doc["device"] = {"type": "cuda", "index": g.index, "name": g.name, "cuda": torch.version.cuda,
+                             "gpus_visible": g.visible, "ranks_share_it": g.shared}
+            doc["kernel_bandwidth_GBps"] = None if g.kernel_bw is None else g.kernel_bw / 1e9
+        if self.nccl is not None:
+            times, why = self.nccl
+            doc["nccl_floor"] = (
+                {"op": self.args.op, "world": 1, "rows": [{"bytes": n, "time_us": t * 1e6} for n, t in times]}
+                if times is not None
+                else {"not_measured": why}
+            )
         with open(path, "w") as f:
             json.dump(doc, f, indent=1)
         print(f"# wrote {path}")
@@ -848,13 +1175,60 @@ class Report:
         print(f"# {size}: {subject} latency = {latency} {baseline} ({t0:.1f} us vs {t1:.1f} us)")
         nbytes, _, results = large
         bw0, bw1 = (self._busbw(nbytes, r.time_s) for r in results[:2])
-        floor_s = self.coll.floor_bytes(nbytes, self.world) / self.copy_bw
+        floor_s = self._floor_s(nbytes)
         at_floor = f", {floor_s / results[0].time_s * 100:.0f}% of the memory floor" if floor_s else ""
         print(
             f"# {format_size(nbytes)}: {subject} busbw = {self._ratio(results):.3g}x {baseline} "
             f"({bw0:.2f} vs {bw1:.2f} GB/s){at_floor}",
             flush=True,
         )
+
+    def targets(self, rows: list) -> None:
+        """The issue's targets for ringreduce's all_reduce with its ranks on one GPU, at world size 2."""
+        a = self.args
+        if self.gpu is None or self.world != 2 or a.op != "all_reduce" or self.names[0] != "ringreduce":
+            return
+        subject = self.names[0]
+        by_size = {nbytes: results for nbytes, _, results in rows}
+        size = format_size(TARGET_FLOOR_BYTES)
+        big = by_size.get(TARGET_FLOOR_BYTES)
+        if big is None:
+            # Sizes are -b times powers of -f: from 8K, -f 2, 8 or 32 reach 256M, but -f 4 does not.
+            print(f"# {size}: not in this run, so its targets are not judged (-b 8K -e 256M -f 2 has it)")
+        elif big[0].time_s is not None:
+            t = big[0].time_s
+            floor_s = self._floor_s(TARGET_FLOOR_BYTES)
+            if floor_s:
+                print(f"# {size}: {subject} {t * 1e6:.1f} us = {t / floor_s:.2f}x the memory floor "
+                      f"({floor_s * 1e6:.1f} us); within {TARGET_FLOOR_RATIO:g}x of the memory floor: "
+                      f"{_met(t <= TARGET_FLOOR_RATIO * floor_s)}")
+            else:
+                print(f"# {size}: within {TARGET_FLOOR_RATIO:g}x of the memory floor: not judged "
+                      f"({self.no_floor})")
+            gloo = big[self.names.index("gloo")] if "gloo" in self.names[1:] else None
+            if gloo is not None and gloo.time_s is not None:
+                ratio = gloo.time_s / t
+                print(f"# {size}: {subject} busbw = {ratio:.3g}x gloo; target >= {TARGET_GLOO_RATIO:g}x gloo: "
+                      f"{_met(ratio >= TARGET_GLOO_RATIO)}")
+        small = by_size.get(TARGET_LATENCY_BYTES)
+        if small is not None and small[0].time_s is not None:
+            t = small[0].time_s
+            print(f"# {format_size(TARGET_LATENCY_BYTES)}: {subject} latency {t * 1e6:.1f} us; target < "
+                  f"{TARGET_LATENCY_S * 1e6:g} us: {_met(t < TARGET_LATENCY_S)}")
+        sys.stdout.flush()
+
+    def nccl_floor(self, times: list | None, why: str | None) -> None:
+        """NCCL's own time at world size 1 on this GPU: what launching any op costs, its floor."""
+        self.nccl = (times, why)
+        if times is None:
+            print(f"# NCCL floor: not measured ({why})", flush=True)
+            return
+        print(f"# launch-overhead floor: NCCL {self.args.op} at world size 1 on the same GPU, in a process "
+              "of its own (NCCL cannot put two ranks on one GPU), timed as the table is")
+        print(f"# {'size(B)':>12} {'NCCL time(us)':>14}")
+        for nbytes, t in times:
+            print(f"# {nbytes:>12} {t * 1e6:>14.1f}")
+        sys.stdout.flush()
 
 
 # ---------------------------------------------------------------------------------------------------

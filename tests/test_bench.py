@@ -120,6 +120,26 @@ def test_ringreduce_allreduce_bytes_single_rank_moves_nothing():
     assert bench.ringreduce_allreduce_bytes(1 << 20, 1) == 0
 
 
+@pytest.mark.parametrize("world", [2, 3, 4, 8])
+def test_ringreduce_cuda_allreduce_bytes_counts_every_kernel_step_of_every_rank(world):
+    """The ring's steps walked one by one, reads + writes in chunks of C = N/n, times n ranks."""
+    chunk = 3 << 20
+    nbytes = world * chunk
+    per_rank = 2 * chunk  # reduce-scatter: input chunk -> successor's slot
+    per_rank += (world - 2) * 3 * chunk  # slot + input -> next slot
+    per_rank += 3 * chunk + 2 * chunk  # slot + input -> outgoing slot, then that slot -> output
+    for s in range(1, world):  # all-gather: each chunk received
+        per_rank += 2 * chunk + (2 * chunk if s < world - 1 else 0)  # -> output, and on unless last
+    assert bench.ringreduce_cuda_allreduce_bytes(nbytes, world) == world * per_rank
+    assert bench.ringreduce_cuda_allreduce_bytes(nbytes, world) == (7 * world - 5) * nbytes
+
+
+def test_ringreduce_cuda_allreduce_bytes_figures():
+    assert bench.ringreduce_cuda_allreduce_bytes(256 << 20, 2) == 9 * (256 << 20)
+    assert bench.ringreduce_cuda_allreduce_bytes(256 << 20, 4) == 23 * (256 << 20)
+    assert bench.ringreduce_cuda_allreduce_bytes(256 << 20, 1) == 0
+
+
 @pytest.mark.parametrize("dtype", list(bench.DTYPES))
 @pytest.mark.parametrize("redop", list(bench.REDOPS))
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 7])
@@ -155,8 +175,9 @@ def test_check_counts_wrong_elements(solo_group, redop):
     # Alone in its group, all_reduce returns the rank's own input: right for a world of 1, wrong for
     # a claimed world of 2. The count spans two reference chunks.
     count = bench.CHECK_CHUNK + 3
-    assert bench.check_all_reduce(count, torch.float32, redop, solo_group, 0, 1) == 0
-    assert bench.check_all_reduce(count, torch.float32, redop, solo_group, 0, 2) > count // 10
+    cpu = torch.device("cpu")
+    assert bench.check_all_reduce(count, torch.float32, redop, solo_group, 0, 1, cpu) == 0
+    assert bench.check_all_reduce(count, torch.float32, redop, solo_group, 0, 2, cpu) > count // 10
 
 
 def test_parse_args_rejects_bad_options(capsys):
@@ -217,6 +238,146 @@ def test_bench_deadline_stops_a_long_run():
     )
     assert out.returncode == 124
     assert "timed out after 5 s" in out.stderr
+
+
+def test_parse_args_device_cpu_by_default(capsys):
+    args = bench.parse_args([])
+    assert (args.device, args.nccl_floor) == ("cpu", False)
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--nccl-floor"])
+    assert "--nccl-floor needs --device cuda" in capsys.readouterr().err
+
+
+def test_parse_args_cuda_without_gpu_fails_saying_why(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as e:
+        bench.parse_args(["--device", "cuda"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "error: --device cuda needs a GPU, but torch.cuda.is_available() is False" in err, err
+
+
+def test_parse_args_cuda_takes_the_nccl_floor_by_default(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert bench.parse_args(["--device", "cuda"]).nccl_floor is True
+    assert bench.parse_args(["--device", "cuda", "--no-nccl-floor"]).nccl_floor is False
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="there is a GPU here, so --device cuda runs")
+def test_bench_cuda_without_gpu_exits_with_one_clear_line():
+    out = run_bench("--device", "cuda", "-g", "2")
+    assert out.returncode == 2, out.stderr
+    assert out.stdout == ""
+    assert out.stderr.strip().splitlines()[-1].endswith(
+        f"error: --device cuda needs a GPU, but torch.cuda.is_available() is False "
+        f"({'this torch is built without CUDA' if torch.version.cuda is None else 'no GPU is visible'}; "
+        f"torch {torch.__version__})"
+    ), out.stderr
+
+
+# --- CUDA mode's report, from made-up GPU figures (no GPU needed) ----------------------------------
+
+MiB = 1 << 20
+COPY_BW = 3e12
+
+
+def cuda_report(monkeypatch, world=2, argv=(), shared=True, kernel_bw=2.7e12):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    args = bench.parse_args(["--device", "cuda", *argv])
+    args.command, args.threads = "python -m ringreduce.bench --device cuda", 1
+    gpu = bench.Gpu(index=0, name="Made-up GPU", visible=1 if shared else 2, shared=shared,
+                    copy_bytes=256 * MiB, copy_bw=COPY_BW, kernel_bw=kernel_bw,
+                    kernel_note="" if kernel_bw else "ringreduce._C was built without CUDA: why")
+    return bench.Report(args, world, bench.COLLECTIVES[args.op], COPY_BW, [None] * len(args.backends), gpu)
+
+
+def floor_cells(report, capsys, nbytes, time_s):
+    report.row(nbytes, nbytes // 4, [bench.Result(time_s, 0), bench.Result(time_s * 10, 0)])
+    columns = report._line("", [name for _, cols in report.groups for name, _ in cols]).split()
+    cells = capsys.readouterr().out.split()
+    return cells[columns.index("floor(us)")], cells[columns.index("%floor")]
+
+
+@pytest.mark.parametrize("world, k", [(2, 9), (4, 23)])
+def test_cuda_floor_is_all_ranks_traffic_through_one_gpu_at_its_copy_bw(monkeypatch, capsys, world, k):
+    report = cuda_report(monkeypatch, world)
+    report.header()
+    header = capsys.readouterr().out
+    assert "# Device: cuda:0, Made-up GPU;" in header
+    assert f"# Copy bandwidth: {COPY_BW / 1e9:.2f} GB/s device to device" in header
+    floor_line = (f"  {world} rank(s) x {k}*N/{world} bytes each through one GPU's memory = {k}*N "
+                  "at 3000.00 GB/s")
+    assert floor_line in header, header
+    assert "target >= 85%: met" in header  # the kernel at 90% of the copy
+    floor_us = k * 256 * MiB / COPY_BW * 1e6
+    floor, pct = floor_cells(report, capsys, 256 * MiB, 2 * floor_us / 1e6)
+    assert float(floor) == pytest.approx(floor_us, abs=0.05)
+    assert float(pct) == pytest.approx(50.0)
+
+
+def test_cuda_floor_not_applicable(monkeypatch, capsys):
+    # No CUDA model for other collectives; none either when the ranks are on several GPUs.
+    for report, why in (
+        (cuda_report(monkeypatch, argv=["--op", "reduce_scatter"]), "no byte model of ringreduce's"),
+        (cuda_report(monkeypatch, shared=False), "the ranks are on 2 GPUs"),
+    ):
+        report.header()
+        assert f"# Memory floor: N/A ({why}" in capsys.readouterr().out
+        assert floor_cells(report, capsys, 256 * MiB, 1e-3) == ("N/A", "N/A")
+
+
+def test_cuda_kernel_line_says_why_it_was_not_measured(monkeypatch, capsys):
+    cuda_report(monkeypatch, kernel_bw=None).header()
+    out = capsys.readouterr().out
+    assert "# Kernel: ringreduce's reduction kernel not measured (ringreduce._C was built without CUDA: " \
+        "why)" in out
+
+
+def target_rows(latency_s, big_s, gloo_s):
+    return [
+        (8 * 1024, 2048, [bench.Result(latency_s, 0), bench.Result(1e-3, 0)]),
+        (256 * MiB, 64 * MiB, [bench.Result(big_s, 0), bench.Result(gloo_s, 0)]),
+    ]
+
+
+def test_cuda_targets(monkeypatch, capsys):
+    report = cuda_report(monkeypatch)
+    floor_s = 9 * 256 * MiB / COPY_BW
+    report.targets(target_rows(20e-6, 1.5 * floor_s, 100 * floor_s))
+    out = capsys.readouterr().out
+    assert "within 2x of the memory floor: met" in out
+    assert "# 256MiB: ringreduce busbw = 66.7x gloo" in out and "target >= 50x gloo: met" in out
+    assert "# 8KiB: ringreduce latency 20.0 us; target < 50 us: met" in out
+    report.targets(target_rows(60e-6, 2.5 * floor_s, 40 * floor_s))
+    out = capsys.readouterr().out
+    assert out.count("not met") == 3, out
+    # Only at world size 2, and only where the run has the sizes.
+    cuda_report(monkeypatch, world=4).targets(target_rows(20e-6, floor_s, 100 * floor_s))
+    assert capsys.readouterr().out == ""
+    report.targets(target_rows(20e-6, floor_s, 100 * floor_s)[:1])
+    out = capsys.readouterr().out
+    assert "256MiB: not in this run" in out and "target < 50 us: met" in out
+
+
+def test_cuda_nccl_floor_and_json(monkeypatch, capsys, tmp_path):
+    report = cuda_report(monkeypatch)
+    report.nccl_floor([(8192, 7e-6), (256 * MiB, 300e-6)], None)
+    out = capsys.readouterr().out
+    assert "# launch-overhead floor: NCCL all_reduce at world size 1" in out
+    assert re.search(r"^#\s+8192\s+7\.0$", out, re.M) and re.search(r"^#\s+268435456\s+300\.0$", out, re.M)
+    rows = target_rows(20e-6, 1e-3, 1e-1)
+    path = tmp_path / "cuda.json"
+    report.write_json(rows, str(path))
+    doc = json.loads(path.read_text())
+    assert doc["device"]["type"] == "cuda" and doc["device"]["name"] == "Made-up GPU"
+    assert doc["kernel_bandwidth_GBps"] == pytest.approx(2700)
+    assert doc["nccl_floor"]["rows"][0] == {"bytes": 8192, "time_us": pytest.approx(7.0)}
+    assert {r["device"] for r in doc["rows"]} == {"cuda"}
+    capsys.readouterr()
+    report.nccl_floor(None, "this torch has no NCCL")
+    assert capsys.readouterr().out == "# NCCL floor: not measured (this torch has no NCCL)\n"
+    report.write_json(rows, str(path))
+    assert json.loads(path.read_text())["nccl_floor"] == {"not_measured": "this torch has no NCCL"}
 
 
 def test_parse_args_defaults_and_check_switch():

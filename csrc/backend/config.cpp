@@ -71,6 +71,18 @@ Config Config::from_env(int local_ranks) {
              " must be a multiple of 64 between 64 and 64M");
     c.slice_bytes = b;
   }
+  if (const char* v = std::getenv("RINGREDUCE_CUDA_SLICE_BYTES")) {
+    const uint64_t b = parse_bytes("RINGREDUCE_CUDA_SLICE_BYTES", v);
+    RR_CHECK(b >= 4096 && b <= (1ull << 30) && b % 4096 == 0, "ringreduce: RINGREDUCE_CUDA_SLICE_BYTES=",
+             v, " must be a multiple of 4096 between 4K and 1G");
+    c.cuda_slice_bytes = b;
+  }
+  if (const char* v = std::getenv("RINGREDUCE_CUDA_TRANSPORT")) {
+    const std::string m = v;
+    RR_CHECK(m == "auto" || m == "ipc" || m == "staged", "ringreduce: RINGREDUCE_CUDA_TRANSPORT=", v,
+             " must be auto, ipc or staged");
+    c.cuda_transport = m;
+  }
   if (const char* v = std::getenv("RINGREDUCE_SLOTS")) {
     const uint64_t s = parse_uint("RINGREDUCE_SLOTS", v);
     RR_CHECK(s >= 2 && s <= 64, "ringreduce: RINGREDUCE_SLOTS=", v, " must be between 2 and 64");
@@ -103,7 +115,7 @@ Config Config::agree(Bootstrap& bs, const std::string& prefix, int rank, int loc
     std::ostringstream s;
     s << mine.slice_bytes << ' ' << mine.slots << ' ' << mine.spin.count() << ' '
       << transport_mode_name(mine.transport) << ' ' << mine.tcp_sockets << ' '
-      << (mine.check_fingerprints ? 1 : 0);
+      << (mine.check_fingerprints ? 1 : 0) << ' ' << mine.cuda_slice_bytes << ' ' << mine.cuda_transport;
     text = s.str();
     bs.set(key, text);
   } else {
@@ -114,7 +126,7 @@ Config Config::agree(Bootstrap& bs, const std::string& prefix, int rank, int loc
   long long spin_us = 0;
   std::string mode;
   int check = 1;
-  in >> c.slice_bytes >> c.slots >> spin_us >> mode >> c.tcp_sockets >> check;
+  in >> c.slice_bytes >> c.slots >> spin_us >> mode >> c.tcp_sockets >> check >> c.cuda_slice_bytes >> c.cuda_transport;
   c.check_fingerprints = check != 0;
   if (!in.fail()) c.transport = parse_transport_mode(mode);
   RR_CHECK(!in.fail(), "ringreduce: rank ", rank, " read a malformed config from the store: '", text, "'");
@@ -126,7 +138,8 @@ std::string Config::to_string() const {
   std::ostringstream s;
   s << "slice_bytes=" << slice_bytes << " slots=" << slots << " spin_us=" << spin.count()
     << " transport=" << transport_mode_name(transport) << " tcp_sockets=" << tcp_sockets
-    << " check_fingerprints=" << (check_fingerprints ? 1 : 0);
+    << " check_fingerprints=" << (check_fingerprints ? 1 : 0) << " cuda_slice_bytes=" << cuda_slice_bytes
+    << " cuda_transport=" << cuda_transport;
   return s.str();
 }
 

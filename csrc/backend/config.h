@@ -28,10 +28,18 @@ struct Config {
   // Off only to measure what the check costs: payload sizes are still checked, so memory stays
   // safe, but ranks that disagree would reduce mismatched data instead of failing.
   bool check_fingerprints = true;
+  // Payload of one message between GPUs (RINGREDUCE_CUDA_SLICE_BYTES): a device slot. Every
+  // message costs a stream synchronisation and a hand-off between processes (a few
+  // microseconds), so slices of megabytes keep that under the time the kernels take.
+  size_t cuda_slice_bytes = 8 << 20;
+  // How CUDA tensors travel (RINGREDUCE_CUDA_TRANSPORT): "auto" (CUDA IPC where every rank can
+  // open every other's device memory, else staged through host memory, said once), "ipc" (fail
+  // when it cannot be used) or "staged".
+  std::string cuda_transport = "auto";
 
   // Defaults (the spin one for `local_ranks` ranks on this host) overridden by
   // RINGREDUCE_SLICE_BYTES, RINGREDUCE_SLOTS, RINGREDUCE_SPIN_US, RINGREDUCE_TRANSPORT,
-  // RINGREDUCE_TCP_SOCKETS, RINGREDUCE_CHECK_FINGERPRINTS. Throws ringreduce::Error naming
+  // RINGREDUCE_TCP_SOCKETS, RINGREDUCE_CHECK_FINGERPRINTS, RINGREDUCE_CUDA_SLICE_BYTES. Throws ringreduce::Error naming
   // the variable when a value does not parse or is out of range.
   static Config from_env(int local_ranks);
 

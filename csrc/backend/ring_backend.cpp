@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -15,6 +16,12 @@
 #include <utility>
 
 #include "backend/store_bootstrap.h"
+#ifdef RINGREDUCE_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "reduce/reduce_cuda.h"
+#endif
 #include "common/error.h"
 #include "p2p/p2p.h"
 #include "reduce/reduce.h"
@@ -24,6 +31,21 @@
 namespace ringreduce {
 
 namespace {
+
+#ifdef RINGREDUCE_WITH_CUDA
+constexpr bool kWithCuda = true;
+#else
+constexpr bool kWithCuda = false;
+#endif
+
+// Why this build has no CUDA side, as setup.py found at build time.
+[[maybe_unused]] const char* cuda_build_note() {
+#ifdef RINGREDUCE_CUDA_NOTE
+  return RINGREDUCE_CUDA_NOTE;
+#else
+  return "built without CUDA";
+#endif
+}
 
 // The torch layer's one dtype dispatch point: at::ScalarType to the core's tag.
 std::optional<DType> core_dtype(at::ScalarType s) {
@@ -97,6 +119,49 @@ const std::vector<int64_t>& dims_of(const std::vector<at::Tensor>& ts) {
 
 }  // namespace
 
+void reduce_tensors(const at::Tensor& dst, const at::Tensor& a, const at::Tensor& b,
+                    const std::string& op) {
+  const char* name = "reduce_tensors";
+  auto check = [&](const at::Tensor& t, const char* what) {
+    if (!t.defined() || !t.is_contiguous() || t.device() != dst.device() ||
+        t.scalar_type() != dst.scalar_type() || t.numel() != dst.numel()) {
+      fail(detail::cat("ringreduce ", name, ": ", what, " must be a contiguous tensor shaped like dst (",
+                       dst.numel(), " elements of ", dst.scalar_type(), " on ", dst.device(), ")"));
+    }
+  };
+  check(dst, "dst");
+  check(a, "a");
+  check(b, "b");
+  const auto d = core_dtype(dst.scalar_type());
+  if (!d) fail(detail::cat("ringreduce ", name, ": dtype ", dst.scalar_type(), " is not supported"));
+  static const std::pair<const char*, RedOp> kOps[] = {
+      {"sum", RedOp::Sum}, {"product", RedOp::Prod}, {"min", RedOp::Min}, {"max", RedOp::Max},
+      {"band", RedOp::BAnd}, {"bor", RedOp::BOr}, {"bxor", RedOp::BXor}};
+  std::optional<RedOp> rop;
+  for (const auto& [n, o] : kOps) {
+    if (op == n) rop = o;
+  }
+  if (!rop) fail(detail::cat("ringreduce ", name, ": unknown op '", op, "'"));
+  try {
+    const auto n = static_cast<size_t>(dst.numel());
+    if (dst.is_cpu()) {
+      reduce(dst.data_ptr(), a.data_ptr(), b.data_ptr(), n, *d, *rop);
+      return;
+    }
+#ifdef RINGREDUCE_WITH_CUDA
+    if (dst.is_cuda()) {
+      c10::cuda::CUDAGuard guard(dst.device());
+      cuda::reduce(dst.data_ptr(), a.data_ptr(), b.data_ptr(), n, *d, *rop,
+                   c10::cuda::getCurrentCUDAStream(dst.device().index()).stream());
+      return;
+    }
+#endif
+  } catch (const std::exception& e) {
+    fail(detail::cat("ringreduce ", name, ": ", e.what()));
+  }
+  fail(detail::cat("ringreduce ", name, ": tensors on ", dst.device(), " are not supported by this build"));
+}
+
 RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                          std::chrono::milliseconds timeout)
     : c10d::Backend(rank, size), timeout_(timeout) {
@@ -120,6 +185,10 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     links_ = std::make_unique<Links>(bs, prefix, rank, size, lo);
     ring_ = std::make_unique<Ring>(links_->transport(), config_.slice_bytes);
     ring_->set_check_fingerprints(config_.check_fingerprints);
+#ifdef RINGREDUCE_WITH_CUDA
+    // Nothing is set up on a device until the group's first CUDA op.
+    cuda_ = std::make_unique<CudaSide>(store, prefix, rank, size, config_, links_->transport());
+#endif
     // Sends and receives get transports of their own, routed as the collectives' are (segments
     // set up now, while every rank is here; pages are only touched by the pairs that use them).
     LinkOptions p2p = lo;
@@ -170,7 +239,18 @@ RingBackend::~RingBackend() {
 std::vector<std::string> RingBackend::linked_segments() const {
   auto names = links_->linked_segments();
   for (auto& n : p2p_links_->linked_segments()) names.push_back(n);
+#ifdef RINGREDUCE_WITH_CUDA
+  for (auto& n : cuda_->linked_segments()) names.push_back(n);
+#endif
   return names;
+}
+
+std::string RingBackend::cuda_transport() const {
+#ifdef RINGREDUCE_WITH_CUDA
+  return cuda_->transport_name();
+#else
+  return "";
+#endif
 }
 
 std::vector<int> RingBackend::tcp_peers() const { return links_->tcp_peers(); }
@@ -242,6 +322,9 @@ uint64_t RingBackend::getSequenceNumberForGroup() {
 
 void RingBackend::abort() {  // exit-ok: c10d's name; it ends the group, not the process
   links_->transport().abort_group(detail::cat("rank ", rank_, " aborted the process group"));
+#ifdef RINGREDUCE_WITH_CUDA
+  cuda_->abort_group(detail::cat("rank ", rank_, " aborted the process group"));
+#endif
   queue_.cancel("the process group was aborted");
   p2p_->cancel(detail::cat("rank ", rank_, " aborted the process group"));
 }
@@ -253,6 +336,9 @@ void RingBackend::shutdown() {
     // this rank would otherwise wait out its timeout).
     const std::string why = detail::cat("rank ", rank_, " shut the process group down with ops in flight");
     links_->transport().abort_group(why);
+#ifdef RINGREDUCE_WITH_CUDA
+    cuda_->abort_group(why);
+#endif
     queue_.cancel(why);
   } else {
     // Idle: nothing is aborted, so a peer still finishing the last op (whose data this rank has
@@ -264,8 +350,34 @@ void RingBackend::shutdown() {
 
 c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const char* name,
                                                     std::vector<at::Tensor> outputs,
+                                                    const std::vector<at::Tensor>& inputs,
                                                     std::chrono::milliseconds timeout,
                                                     bool async_op, Body body) {
+  // Where the op runs: on the device of its tensors, which must all be on one.
+  std::vector<at::Tensor> used = outputs;
+  used.insert(used.end(), inputs.begin(), inputs.end());
+  std::optional<c10::Device> device;
+  for (const at::Tensor& t : used) {
+    if (!t.defined()) continue;
+    if (!device) {
+      device = t.device();
+    } else if (t.device() != *device) {
+      fail(detail::cat("ringreduce ", name, ": rank ", rank_, ": the op's tensors are on ", *device,
+                       " and ", t.device(), "; they must all be on one device"));
+    }
+  }
+  std::function<void(const OpContext&, const Deadline&)> run;
+  const bool on_cuda = device && device->is_cuda();
+  if (on_cuda) {
+#ifdef RINGREDUCE_WITH_CUDA
+    run = cuda_->prepare(name, *device, used, std::move(body));
+#else
+    fail(detail::cat("ringreduce ", name, ": rank ", rank_, ": got a tensor on ", *device,
+                     "; this build of ringreduce handles CPU tensors only (", cuda_build_note(), ")"));
+#endif
+  } else {
+    run = [this, body = std::move(body)](const OpContext& ctx, const Deadline& dl) { body(*ring_, ctx, dl); };
+  }
   std::unique_lock<std::mutex> lock(mu_);
   const uint64_t seq = next_seq_++;
   const std::chrono::milliseconds t = timeout == c10d::kUnsetTimeout ? timeout_ : timeout;
@@ -274,8 +386,11 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const cha
     flight_->issued(seq, name, dims.data(), dims.size(),
                     outputs.empty() ? "" : c10::toString(outputs[0].scalar_type()));
   }
-  auto work = c10::make_intrusive<RingWork>(rank_, type, name, seq, std::move(outputs), queue_.state());
-  std::function<void()> task = [this, body = std::move(body), name, seq, t] {
+  auto work = c10::make_intrusive<RingWork>(rank_, type, name, seq, std::move(outputs), queue_.state(),
+                                            on_cuda ? std::vector<c10::Device>{*device}
+                                                    : std::vector<c10::Device>{});
+  // A CUDA op's wait() blocks the host until the op is done on the device too (see cuda_side.h).
+  std::function<void()> task = [this, run = std::move(run), name, seq, t] {
     OpContext ctx;
     ctx.name = name;
     ctx.seq = seq;
@@ -283,7 +398,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const cha
     flight_->started(seq);
     try {
       // The deadline starts when the op starts: time spent queued behind earlier ops is theirs.
-      body(ctx, Deadline::after(t));
+      run(ctx, Deadline::after(t));
     } catch (const std::exception& e) {
       flight_->finished(seq, e.what());
       dump_on_failure(detail::cat(name, " #", seq, " failed: ", e.what()));
@@ -297,7 +412,8 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const cha
   };
   // Claiming or queueing under mu_ keeps queue order equal to sequence order; the op itself
   // runs without mu_, so other threads can issue ops (they queue behind it) meanwhile.
-  if (!async_op && queue_.try_claim()) {
+  // (Not for CUDA ops: the caller's thread only queues them, and its stream waits for them.)
+  if (!async_op && !on_cuda && queue_.try_claim()) {
     lock.unlock();
     queue_.run_claimed(work, task);
     return work;
@@ -320,8 +436,9 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const cha
 
 namespace {
 
-// One CPU tensor, strided, of a dtype ringreduce handles: anything else fails here, at the call.
-at::Tensor single_cpu_tensor(const std::vector<at::Tensor>& tensors, const char* op, int rank) {
+// One CPU (or CUDA) tensor, strided, of a dtype ringreduce handles: anything else fails here, at
+// the call.
+at::Tensor single_tensor(const std::vector<at::Tensor>& tensors, const char* op, int rank) {
   if (tensors.size() != 1) {
     fail(detail::cat("ringreduce ", op, ": rank ", rank, ": expected exactly one tensor, got ",
                      tensors.size(), " (ringreduce runs one device per rank)"));
@@ -332,9 +449,10 @@ at::Tensor single_cpu_tensor(const std::vector<at::Tensor>& tensors, const char*
     fail(detail::cat("ringreduce ", op, ": rank ", rank, ": ", t.layout(),
                      " tensors are not supported, only dense (strided) ones"));
   }
-  if (!t.device().is_cpu()) {
+  if (!t.device().is_cpu() && !(kWithCuda && t.device().is_cuda())) {
     fail(detail::cat("ringreduce ", op, ": rank ", rank, ": got a tensor on ", t.device(),
-                     "; this build of ringreduce handles CPU tensors only"));
+                     "; ringreduce handles CPU", kWithCuda ? " and CUDA" : "", " tensors only",
+                     kWithCuda ? "" : detail::cat(" (", cuda_build_note(), ")")));
   }
   return t;
 }
@@ -370,7 +488,8 @@ Reduction checked_reduction(const c10d::ReduceOp& rop, DType d, const char* op, 
         fail(detail::cat("ringreduce ", op, ": rank ", rank, ": PREMUL_SUM needs a floating-point ",
                          "or complex tensor, got ", dtype_name(d)));
       }
-      const auto* supp = dynamic_cast<const c10d::PreMulSumSupplement*>(rop.supplement_.get());
+      // NCCLPreMulSumSupplement: the name both torch 2.11 and 2.13 have (2.13 calls it PreMulSumSupplement too).
+      const auto* supp = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(rop.supplement_.get());
       if (supp == nullptr) {
         fail(detail::cat("ringreduce ", op, ": rank ", rank,
                          ": PREMUL_SUM without a factor (make it with _make_nccl_premul_sum)"));
@@ -420,7 +539,7 @@ void check_list(const std::vector<at::Tensor>& list, const at::Tensor& like, int
                      " tensors, expected one per rank (", n, ")"));
   }
   for (size_t i = 0; i < list.size(); ++i) {
-    single_cpu_tensor({list[i]}, op, rank);
+    single_tensor({list[i]}, op, rank);
     check_same_dtype(list[i], like, op, rank, what);
     if (list[i].numel() != like.numel()) {
       fail(detail::cat("ringreduce ", op, ": rank ", rank, ": ", what, " tensor ", i, " has ",
@@ -446,14 +565,14 @@ std::pair<DType, size_t> as_moved(const at::Tensor& t) {
 
 c10::intrusive_ptr<c10d::Work> RingBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                       const c10d::AllreduceOptions& opts) {
-  at::Tensor t = single_cpu_tensor(tensors, "allreduce", rank_);
-  return enqueue(c10d::OpType::ALLREDUCE, "allreduce", {t}, opts.timeout, opts.asyncOp,
+  at::Tensor t = single_tensor(tensors, "allreduce", rank_);
+  return enqueue(c10d::OpType::ALLREDUCE, "allreduce", {t}, {}, opts.timeout, opts.asyncOp,
                  allreduce_body(t, opts.reduceOp));
 }
 
 RingBackend::Body RingBackend::allreduce_body(const at::Tensor& t, const c10d::ReduceOp& rop) {
   const char* name = "allreduce";
-  single_cpu_tensor({t}, name, rank_);
+  single_tensor({t}, name, rank_);
   const DType d = checked_dtype(t, name, rank_);
   const Reduction red = checked_reduction(rop, d, name, rank_, size_);
 
@@ -464,8 +583,8 @@ RingBackend::Body RingBackend::allreduce_body(const at::Tensor& t, const c10d::R
   at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
   // PREMUL_SUM scales this rank's contribution before the sum, into a tensor owned by the op.
   at::Tensor in = red.premul ? buf.mul(*red.premul) : buf;
-  return [this, t, buf, in, d, red](const OpContext& ctx, const Deadline& dl) {
-    ring_->allreduce(in.data_ptr(), buf.data_ptr(), static_cast<size_t>(buf.numel()), d, red.op,
+  return [this, t, buf, in, d, red](Ring& ring, const OpContext& ctx, const Deadline& dl) {
+    ring.allreduce(in.data_ptr(), buf.data_ptr(), static_cast<size_t>(buf.numel()), d, red.op,
                      red.divisor, ctx, dl);
     if (!buf.is_same(t)) t.copy_(buf);
   };
@@ -473,15 +592,15 @@ RingBackend::Body RingBackend::allreduce_body(const at::Tensor& t, const c10d::R
 
 c10::intrusive_ptr<c10d::Work> RingBackend::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
-  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter", {output}, opts.timeout,
+  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter", {output}, {input}, opts.timeout,
                  opts.asyncOp, reduce_scatter_body(output, input, opts.reduceOp));
 }
 
 RingBackend::Body RingBackend::reduce_scatter_body(const at::Tensor& output, const at::Tensor& input,
                                                    const c10d::ReduceOp& rop) {
   const char* name = "reduce_scatter";
-  single_cpu_tensor({output}, name, rank_);
-  single_cpu_tensor({input}, name, rank_);
+  single_tensor({output}, name, rank_);
+  single_tensor({input}, name, rank_);
   check_same_dtype(output, input, name, rank_, "the output");
   const DType d = checked_dtype(input, name, rank_);
   const Reduction red = checked_reduction(rop, d, name, rank_, size_);
@@ -494,8 +613,8 @@ RingBackend::Body RingBackend::reduce_scatter_body(const at::Tensor& output, con
   if (red.premul) in = in.mul(*red.premul);  // this rank's contribution, scaled, owned by the op
   at::Tensor out = writable(output, in);
   const size_t count = static_cast<size_t>(output.numel());
-  return [this, output, in, out, d, red, count](const OpContext& ctx, const Deadline& dl) {
-    ring_->reduce_scatter(Chunks(in.data_ptr(), count * in.element_size()), out.data_ptr(), count,
+  return [this, output, in, out, d, red, count](Ring& ring, const OpContext& ctx, const Deadline& dl) {
+    ring.reduce_scatter(Chunks(in.data_ptr(), count * in.element_size()), out.data_ptr(), count,
                           d, red.op, red.divisor, ctx, dl);
     if (!out.is_same(output)) output.copy_(out);
   };
@@ -505,7 +624,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::reduce_scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ReduceScatterOptions& opts) {
   const char* name = "reduce_scatter";
-  at::Tensor output = single_cpu_tensor(outputs, name, rank_);
+  at::Tensor output = single_tensor(outputs, name, rank_);
   if (inputs.size() != 1) {
     fail(detail::cat("ringreduce reduce_scatter: rank ", rank_, ": expected one input list, got ",
                      inputs.size()));
@@ -524,11 +643,11 @@ c10::intrusive_ptr<c10d::Work> RingBackend::reduce_scatter(
     }
   }
   const size_t count = static_cast<size_t>(output.numel());
-  return enqueue(c10d::OpType::REDUCE_SCATTER, name, {output}, opts.timeout, opts.asyncOp,
-                 [this, output, in, out, d, red, count](const OpContext& ctx, const Deadline& dl) {
+  return enqueue(c10d::OpType::REDUCE_SCATTER, name, {output}, inputs[0], opts.timeout, opts.asyncOp,
+                 [this, output, in, out, d, red, count](Ring& ring, const OpContext& ctx, const Deadline& dl) {
                    std::vector<void*> ptrs;
                    for (const at::Tensor& t : in) ptrs.push_back(t.data_ptr());
-                   ring_->reduce_scatter(Chunks(&ptrs), out.data_ptr(), count, d, red.op,
+                   ring.reduce_scatter(Chunks(&ptrs), out.data_ptr(), count, d, red.op,
                                          red.divisor, ctx, dl);
                    if (!out.is_same(output)) output.copy_(out);
                  });
@@ -536,14 +655,14 @@ c10::intrusive_ptr<c10d::Work> RingBackend::reduce_scatter(
 
 c10::intrusive_ptr<c10d::Work> RingBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                             const c10d::AllgatherOptions& opts) {
-  return enqueue(c10d::OpType::_ALLGATHER_BASE, "allgather", {output}, opts.timeout, opts.asyncOp,
+  return enqueue(c10d::OpType::_ALLGATHER_BASE, "allgather", {output}, {input}, opts.timeout, opts.asyncOp,
                  allgather_body(output, input));
 }
 
 RingBackend::Body RingBackend::allgather_body(const at::Tensor& output, const at::Tensor& input) {
   const char* name = "allgather";
-  single_cpu_tensor({output}, name, rank_);
-  single_cpu_tensor({input}, name, rank_);
+  single_tensor({output}, name, rank_);
+  single_tensor({input}, name, rank_);
   check_same_dtype(output, input, name, rank_, "the output");
   if (output.numel() != input.numel() * size_) {
     fail(detail::cat("ringreduce allgather: rank ", rank_, ": the output has ", output.numel(),
@@ -561,8 +680,8 @@ RingBackend::Body RingBackend::allgather_body(const at::Tensor& output, const at
     const auto* mine = static_cast<const uint8_t*>(output.data_ptr()) + rank_ * in.nbytes();
     if (mine != in.data_ptr()) out = at::empty(output.sizes(), output.options());
   }
-  return [this, output, in, out, d = d, count = count](const OpContext& ctx, const Deadline& dl) {
-    ring_->all_gather(in.data_ptr(), Chunks(out.data_ptr(), in.nbytes()), count, d, ctx, dl);
+  return [this, output, in, out, d = d, count = count](Ring& ring, const OpContext& ctx, const Deadline& dl) {
+    ring.all_gather(in.data_ptr(), Chunks(out.data_ptr(), in.nbytes()), count, d, ctx, dl);
     if (!out.is_same(output)) output.copy_(out);
   };
 }
@@ -570,12 +689,12 @@ RingBackend::Body RingBackend::allgather_body(const at::Tensor& output, const at
 c10::intrusive_ptr<c10d::Work> RingBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                       std::vector<at::Tensor>& inputs,
                                                       const c10d::AllgatherOptions& opts) {
-  at::Tensor input = single_cpu_tensor(inputs, "allgather", rank_);
+  at::Tensor input = single_tensor(inputs, "allgather", rank_);
   if (outputs.size() != 1) {
     fail(detail::cat("ringreduce allgather: rank ", rank_, ": expected one output list, got ",
                      outputs.size()));
   }
-  return enqueue(c10d::OpType::ALLGATHER, "allgather", outputs[0], opts.timeout, opts.asyncOp,
+  return enqueue(c10d::OpType::ALLGATHER, "allgather", outputs[0], {input}, opts.timeout, opts.asyncOp,
                  allgather_list_body(outputs[0], input));
 }
 
@@ -592,10 +711,10 @@ RingBackend::Body RingBackend::allgather_list_body(const std::vector<at::Tensor>
     const bool direct = t.is_contiguous() && at::get_overlap_status(t, in) == at::MemOverlapStatus::No;
     out.push_back(direct ? t : at::empty(t.sizes(), t.options()));
   }
-  return [this, user, in, out, d = d, count = count](const OpContext& ctx, const Deadline& dl) {
+  return [this, user, in, out, d = d, count = count](Ring& ring, const OpContext& ctx, const Deadline& dl) {
     std::vector<void*> ptrs;
     for (const at::Tensor& t : out) ptrs.push_back(t.data_ptr());
-    ring_->all_gather(in.data_ptr(), Chunks(&ptrs), count, d, ctx, dl);
+    ring.all_gather(in.data_ptr(), Chunks(&ptrs), count, d, ctx, dl);
     for (size_t i = 0; i < out.size(); ++i) {
       if (!out[i].is_same(user[i])) user[i].copy_(out[i]);
     }
@@ -637,7 +756,7 @@ std::vector<void*> pointers(const std::vector<at::Tensor>& ts) {
 c10::intrusive_ptr<c10d::Work> RingBackend::reduce(std::vector<at::Tensor>& tensors,
                                                    const c10d::ReduceOptions& opts) {
   const char* name = "reduce";
-  at::Tensor t = single_cpu_tensor(tensors, name, rank_);
+  at::Tensor t = single_tensor(tensors, name, rank_);
   const int root = checked_root(opts.rootRank, name);
   const DType d = checked_dtype(t, name, rank_);
   const Reduction red = checked_reduction(opts.reduceOp, d, name, rank_, size_);
@@ -645,9 +764,9 @@ c10::intrusive_ptr<c10d::Work> RingBackend::reduce(std::vector<at::Tensor>& tens
   at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
   at::Tensor in = red.premul ? buf.mul(*red.premul) : buf;
   // Only the root's tensor is written; the others keep their values, as with torch's backends.
-  return enqueue(c10d::OpType::REDUCE, name, {t}, opts.timeout, opts.asyncOp,
-                 [this, t, buf, in, d, red, root](const OpContext& ctx, const Deadline& dl) {
-                   ring_->reduce(in.data_ptr(), buf.data_ptr(), static_cast<size_t>(buf.numel()), d,
+  return enqueue(c10d::OpType::REDUCE, name, {t}, {}, opts.timeout, opts.asyncOp,
+                 [this, t, buf, in, d, red, root](Ring& ring, const OpContext& ctx, const Deadline& dl) {
+                   ring.reduce(in.data_ptr(), buf.data_ptr(), static_cast<size_t>(buf.numel()), d,
                                  red.op, red.divisor, root, ctx, dl);
                    if (rank_ == root && !buf.is_same(t)) t.copy_(buf);
                  });
@@ -657,7 +776,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::gather(std::vector<std::vector<at::T
                                                    std::vector<at::Tensor>& inputs,
                                                    const c10d::GatherOptions& opts) {
   const char* name = "gather";
-  at::Tensor input = single_cpu_tensor(inputs, name, rank_);
+  at::Tensor input = single_tensor(inputs, name, rank_);
   const int root = checked_root(opts.rootRank, name);
   std::vector<at::Tensor> user;
   if (rank_ == root) {
@@ -675,11 +794,11 @@ c10::intrusive_ptr<c10d::Work> RingBackend::gather(std::vector<std::vector<at::T
   at::NoGradGuard no_grad;
   at::Tensor in = input.contiguous();
   std::vector<at::Tensor> bufs = writable_list(user);
-  return enqueue(c10d::OpType::GATHER, name, user, opts.timeout, opts.asyncOp,
-                 [this, in, user, bufs, d = d, count = count, root](const OpContext& ctx,
+  return enqueue(c10d::OpType::GATHER, name, user, {input}, opts.timeout, opts.asyncOp,
+                 [this, in, user, bufs, d = d, count = count, root](Ring& ring, const OpContext& ctx,
                                                                     const Deadline& dl) {
                    std::vector<void*> ptrs = pointers(bufs);
-                   ring_->gather(in.data_ptr(), Chunks(&ptrs), count, d, root, ctx, dl);
+                   ring.gather(in.data_ptr(), Chunks(&ptrs), count, d, root, ctx, dl);
                    copy_back(bufs, user);
                  });
 }
@@ -688,7 +807,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::scatter(std::vector<at::Tensor>& out
                                                     std::vector<std::vector<at::Tensor>>& inputs,
                                                     const c10d::ScatterOptions& opts) {
   const char* name = "scatter";
-  at::Tensor output = single_cpu_tensor(outputs, name, rank_);
+  at::Tensor output = single_tensor(outputs, name, rank_);
   const int root = checked_root(opts.rootRank, name);
   std::vector<at::Tensor> ins;
   if (rank_ == root) {
@@ -705,11 +824,11 @@ c10::intrusive_ptr<c10d::Work> RingBackend::scatter(std::vector<at::Tensor>& out
   const auto [d, count] = as_moved(output);
   at::NoGradGuard no_grad;
   at::Tensor out = output.is_contiguous() ? output : at::empty(output.sizes(), output.options());
-  return enqueue(c10d::OpType::SCATTER, name, {output}, opts.timeout, opts.asyncOp,
-                 [this, ins, output, out, d = d, count = count, root](const OpContext& ctx,
+  return enqueue(c10d::OpType::SCATTER, name, {output}, ins, opts.timeout, opts.asyncOp,
+                 [this, ins, output, out, d = d, count = count, root](Ring& ring, const OpContext& ctx,
                                                                       const Deadline& dl) {
                    std::vector<void*> ptrs = pointers(ins);
-                   ring_->scatter(Chunks(&ptrs), out.data_ptr(), count, d, root, ctx, dl);
+                   ring.scatter(Chunks(&ptrs), out.data_ptr(), count, d, root, ctx, dl);
                    if (!out.is_same(output)) output.copy_(out);
                  });
 }
@@ -719,8 +838,8 @@ c10::intrusive_ptr<c10d::Work> RingBackend::alltoall_base(at::Tensor& output, at
                                                           std::vector<int64_t>& input_split_sizes,
                                                           const c10d::AllToAllOptions& opts) {
   const char* name = "alltoall";
-  single_cpu_tensor({output}, name, rank_);
-  single_cpu_tensor({input}, name, rank_);
+  single_tensor({output}, name, rank_);
+  single_tensor({input}, name, rank_);
   check_same_dtype(output, input, name, rank_, "the output");
   // Splits count rows (the first dimension); none means equal parts.
   auto counts = [&](const at::Tensor& t, const std::vector<int64_t>& splits, const char* what) {
@@ -753,8 +872,8 @@ c10::intrusive_ptr<c10d::Work> RingBackend::alltoall_base(at::Tensor& output, at
   at::NoGradGuard no_grad;
   at::Tensor in = input.contiguous();
   at::Tensor out = writable(output, in);
-  return enqueue(c10d::OpType::ALLTOALL_BASE, name, {output}, opts.timeout, opts.asyncOp,
-                 [this, in, output, out, send, recv, d = d](const OpContext& ctx, const Deadline& dl) {
+  return enqueue(c10d::OpType::ALLTOALL_BASE, name, {output}, {input}, opts.timeout, opts.asyncOp,
+                 [this, in, output, out, send, recv, d = d](Ring& ring, const OpContext& ctx, const Deadline& dl) {
                    const size_t es = dtype_size(d);
                    std::vector<void*> ip, op;
                    auto* ib = static_cast<uint8_t*>(in.data_ptr());
@@ -765,7 +884,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::alltoall_base(at::Tensor& output, at
                      ib += send[p] * es;
                      ob += recv[p] * es;
                    }
-                   ring_->alltoall(Chunks(&ip), send, Chunks(&op), recv, d, ctx, dl);
+                   ring.alltoall(Chunks(&ip), send, Chunks(&op), recv, d, ctx, dl);
                    if (!out.is_same(output)) output.copy_(out);
                  });
 }
@@ -779,8 +898,8 @@ c10::intrusive_ptr<c10d::Work> RingBackend::alltoall(std::vector<at::Tensor>& ou
                      " input and output tensors, got ", inputs.size(), " and ", outputs.size()));
   }
   for (int p = 0; p < size_; ++p) {
-    single_cpu_tensor({outputs[p]}, name, rank_);
-    single_cpu_tensor({inputs[p]}, name, rank_);
+    single_tensor({outputs[p]}, name, rank_);
+    single_tensor({inputs[p]}, name, rank_);
     check_same_dtype(outputs[p], inputs[0], name, rank_, "an output");
     check_same_dtype(inputs[p], inputs[0], name, rank_, "an input");
   }
@@ -800,10 +919,10 @@ c10::intrusive_ptr<c10d::Work> RingBackend::alltoall(std::vector<at::Tensor>& ou
     for (const at::Tensor& i : ins) clear = clear && at::get_overlap_status(t, i) == at::MemOverlapStatus::No;
     bufs.push_back(clear ? t : at::empty(t.sizes(), t.options()));
   }
-  return enqueue(c10d::OpType::ALLTOALL, name, user, opts.timeout, opts.asyncOp,
-                 [this, ins, user, bufs, send, recv, d = d](const OpContext& ctx, const Deadline& dl) {
+  return enqueue(c10d::OpType::ALLTOALL, name, user, inputs, opts.timeout, opts.asyncOp,
+                 [this, ins, user, bufs, send, recv, d = d](Ring& ring, const OpContext& ctx, const Deadline& dl) {
                    std::vector<void*> ip = pointers(ins), op = pointers(bufs);
-                   ring_->alltoall(Chunks(&ip), send, Chunks(&op), recv, d, ctx, dl);
+                   ring.alltoall(Chunks(&ip), send, Chunks(&op), recv, d, ctx, dl);
                    copy_back(bufs, user);
                  });
 }
@@ -812,8 +931,8 @@ namespace {
 
 // The coalesced forms: one Work whose op runs the parts in order, each checked at the call.
 RingBackend::Body in_order(std::vector<RingBackend::Body> parts) {
-  return [parts = std::move(parts)](const OpContext& ctx, const Deadline& dl) {
-    for (const auto& part : parts) part(ctx, dl);
+  return [parts = std::move(parts)](Ring& ring, const OpContext& ctx, const Deadline& dl) {
+    for (const auto& part : parts) part(ring, ctx, dl);
   };
 }
 
@@ -830,7 +949,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
   std::vector<Body> parts;
   for (const at::Tensor& t : tensors) parts.push_back(allreduce_body(t, opts.reduceOp));
-  return enqueue(c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", tensors, opts.timeout,
+  return enqueue(c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", tensors, {}, opts.timeout,
                  opts.asyncOp, in_order(std::move(parts)));
 }
 
@@ -840,7 +959,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allgather_into_tensor_coalesced(
   check_pairs(outputs.size(), inputs.size(), "allgather_into_tensor_coalesced", rank_);
   std::vector<Body> parts;
   for (size_t i = 0; i < outputs.size(); ++i) parts.push_back(allgather_body(outputs[i], inputs[i]));
-  return enqueue(c10d::OpType::COALESCED, "allgather_into_tensor_coalesced", outputs, opts.timeout,
+  return enqueue(c10d::OpType::COALESCED, "allgather_into_tensor_coalesced", outputs, inputs, opts.timeout,
                  opts.asyncOp, in_order(std::move(parts)));
 }
 
@@ -852,7 +971,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::reduce_scatter_tensor_coalesced(
   for (size_t i = 0; i < outputs.size(); ++i) {
     parts.push_back(reduce_scatter_body(outputs[i], inputs[i], opts.reduceOp));
   }
-  return enqueue(c10d::OpType::COALESCED, "reduce_scatter_tensor_coalesced", outputs, opts.timeout,
+  return enqueue(c10d::OpType::COALESCED, "reduce_scatter_tensor_coalesced", outputs, inputs, opts.timeout,
                  opts.asyncOp, in_order(std::move(parts)));
 }
 
@@ -866,14 +985,14 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allgather_coalesced(
     parts.push_back(allgather_list_body(output_lists[i], inputs[i]));
     outputs.insert(outputs.end(), output_lists[i].begin(), output_lists[i].end());
   }
-  return enqueue(c10d::OpType::ALLGATHER_COALESCED, "allgather_coalesced", outputs, opts.timeout,
+  return enqueue(c10d::OpType::ALLGATHER_COALESCED, "allgather_coalesced", outputs, inputs, opts.timeout,
                  opts.asyncOp, in_order(std::move(parts)));
 }
 
 c10::intrusive_ptr<c10d::Work> RingBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                       const c10d::BroadcastOptions& opts) {
   const char* name = "broadcast";
-  at::Tensor t = single_cpu_tensor(tensors, name, rank_);
+  at::Tensor t = single_tensor(tensors, name, rank_);
   const int root = checked_root(opts.rootRank, name);
   if (opts.rootTensor != 0) {
     fail(detail::cat("ringreduce broadcast: rank ", rank_, ": root tensor ", opts.rootTensor,
@@ -883,16 +1002,16 @@ c10::intrusive_ptr<c10d::Work> RingBackend::broadcast(std::vector<at::Tensor>& t
 
   at::NoGradGuard no_grad;
   at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
-  return enqueue(c10d::OpType::BROADCAST, name, {t}, opts.timeout, opts.asyncOp,
-                 [this, t, buf, d = d, count = count, root](const OpContext& ctx, const Deadline& dl) {
-                   ring_->broadcast(buf.data_ptr(), count, d, root, ctx, dl);
+  return enqueue(c10d::OpType::BROADCAST, name, {t}, {}, opts.timeout, opts.asyncOp,
+                 [this, t, buf, d = d, count = count, root](Ring& ring, const OpContext& ctx, const Deadline& dl) {
+                   ring.broadcast(buf.data_ptr(), count, d, root, ctx, dl);
                    if (!buf.is_same(t) && rank_ != root) t.copy_(buf);
                  });
 }
 
 c10::intrusive_ptr<c10d::Work> RingBackend::barrier(const c10d::BarrierOptions& opts) {
-  return enqueue(c10d::OpType::BARRIER, "barrier", {}, opts.timeout, opts.asyncOp,
-                 [this](const OpContext& ctx, const Deadline& dl) { ring_->barrier(ctx, dl); });
+  return enqueue(c10d::OpType::BARRIER, "barrier", {}, {}, opts.timeout, opts.asyncOp,
+                 [this](Ring& ring, const OpContext& ctx, const Deadline& dl) { ring.barrier(ctx, dl); });
 }
 
 }  // namespace ringreduce
@@ -908,6 +1027,9 @@ P2p::Done p2p_done(c10::intrusive_ptr<RingWork> work, at::Tensor user, at::Tenso
     if (!error && !user.is_same(buf)) {
       try {
         at::NoGradGuard no_grad;
+        // A CUDA tensor's data came through host memory: copied to its device here, and
+        // synchronously, so that the Work completes with it in place.
+        c10::OptionalDeviceGuard on_device(user.device());
         user.copy_(buf);
       } catch (...) {
         error = std::current_exception();
@@ -934,10 +1056,12 @@ void check_peer(int peer, int rank, int size, const char* op, const char* what) 
 c10::intrusive_ptr<c10d::Work> RingBackend::send(std::vector<at::Tensor>& tensors, int dstRank,
                                                  int tag) {
   const char* name = "send";
-  const at::Tensor& t = single_cpu_tensor(tensors, name, rank_);
+  const at::Tensor& t = single_tensor(tensors, name, rank_);
   check_peer(dstRank, rank_, size_, name, "destination");
-  // A strided tensor travels from a private contiguous copy, taken now.
-  at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
+  // A strided tensor travels from a private contiguous copy, taken now; a CUDA tensor through
+  // host memory (point-to-point messages run on the host transport), copied now, once the
+  // caller's stream has produced it.
+  at::Tensor buf = t.is_cuda() ? t.to(at::kCPU) : t.is_contiguous() ? t : t.contiguous();
   auto work = c10::make_intrusive<RingWork>(rank_, c10d::OpType::SEND, name, next_p2p_seq_++,
                                             std::vector<at::Tensor>{t}, queue_.state());
   try {
@@ -951,10 +1075,11 @@ c10::intrusive_ptr<c10d::Work> RingBackend::send(std::vector<at::Tensor>& tensor
 
 c10::intrusive_ptr<c10d::Work> RingBackend::p2p_recv(std::vector<at::Tensor>& tensors, int src,
                                                      int tag, const char* name) {
-  const at::Tensor& t = single_cpu_tensor(tensors, name, rank_);
+  const at::Tensor& t = single_tensor(tensors, name, rank_);
   if (src != -1) check_peer(src, rank_, size_, name, "source");
-  // Data lands straight in a contiguous tensor; a strided one gets it on success only.
-  at::Tensor buf = t.is_contiguous() ? t : at::empty(t.sizes(), t.options());
+  // Data lands straight in a contiguous CPU tensor; a strided or CUDA one gets it on success only.
+  at::Tensor buf = t.is_cuda() ? at::empty(t.sizes(), t.options().device(at::kCPU))
+                   : t.is_contiguous() ? t : at::empty(t.sizes(), t.options());
   auto work = c10::make_intrusive<RingWork>(rank_, c10d::OpType::RECV, name, next_p2p_seq_++,
                                             std::vector<at::Tensor>{t}, queue_.state());
   try {

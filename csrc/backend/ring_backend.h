@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "backend/config.h"
+#include "backend/cuda_side.h"
 #include "backend/flight_recorder.h"
 #include "backend/op_queue.h"
 #include "backend/work.h"
@@ -28,6 +29,12 @@ namespace ringreduce {
 class Links;
 class Ring;
 class P2p;
+
+// dst = a op b, element-wise, with ringreduce's kernels: the CPU ones, or the CUDA ones on the
+// current stream. `op`: "sum", "product", "min", "max", "band", "bor", "bxor". For tests and the
+// kernel benchmark.
+void reduce_tensors(const at::Tensor& dst, const at::Tensor& a, const at::Tensor& b,
+                    const std::string& op);
 
 class RingBackend final : public c10d::Backend {
  public:
@@ -121,6 +128,9 @@ class RingBackend final : public c10d::Backend {
   // Peers this rank reaches over TCP, and the "ip:port" it listens on for them ("" if none).
   std::vector<int> tcp_peers() const;
   std::string tcp_address() const;
+  // How CUDA tensors travel in this group: "cuda_ipc", "staged", "" before its first CUDA op
+  // (or in a build without CUDA).
+  std::string cuda_transport() const;
   // Writes the flight recorder of this group on this rank to `dir` (RINGREDUCE_FLIGHT_DIR when
   // empty) and returns the file's path.
   std::string dump_flight_recorder(const std::string& dir, const std::string& reason);
@@ -130,7 +140,8 @@ class RingBackend final : public c10d::Backend {
 
  public:
   // What an op does once its turn comes: validated and prepared at the call, run by the queue.
-  using Body = std::function<void(const OpContext&, const Deadline&)>;
+  // It is given the ring to run on: the host's, or the device's for CUDA tensors.
+  using Body = RingBody;
 
  private:
   Body allreduce_body(const at::Tensor& t, const c10d::ReduceOp& rop);
@@ -148,8 +159,11 @@ class RingBackend final : public c10d::Backend {
 
   // Gives the op its sequence number and queues it; a synchronous op (async_op false) runs on the
   // calling thread instead when the queue is idle.
+  // `outputs` and `inputs` are the caller's tensors: the device they are on (all on one) picks
+  // the ring.
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* name,
                                          std::vector<at::Tensor> outputs,
+                                         const std::vector<at::Tensor>& inputs,
                                          std::chrono::milliseconds timeout, bool async_op,
                                          Body body);
 
@@ -158,6 +172,9 @@ class RingBackend final : public c10d::Backend {
   std::unique_ptr<Ring> ring_;
   std::unique_ptr<Links> p2p_links_;
   std::unique_ptr<P2p> p2p_;  // after its transport: stops before it goes away
+#ifdef RINGREDUCE_WITH_CUDA
+  std::unique_ptr<CudaSide> cuda_;  // after the host transport it may stage over
+#endif
   std::atomic<uint64_t> next_p2p_seq_{0};  // a numbering of their own: ranks issue different ones
   std::mutex mu_;  // orders sequence numbers with queue order when several threads issue ops
   uint64_t next_seq_ = 0;

@@ -9,7 +9,8 @@
 namespace ringreduce {
 
 RingWork::RingWork(int rank, c10d::OpType type, const char* op_name, uint64_t seq,
-                   std::vector<at::Tensor> outputs, std::shared_ptr<QueueState> queue)
+                   std::vector<at::Tensor> outputs, std::shared_ptr<QueueState> queue,
+                   std::vector<c10::Device> devices)
     : c10d::Work(rank, type),
       op_name_(op_name),
       seq_(seq),
@@ -18,7 +19,7 @@ RingWork::RingWork(int rank, c10d::OpType type, const char* op_name, uint64_t se
       queue_(std::move(queue)),
       progress_thread_(queue_->thread_id),
       future_(c10::make_intrusive<c10::ivalue::Future>(
-          c10::ListType::create(c10::TensorType::get()))) {}
+          c10::ListType::create(c10::TensorType::get()), std::move(devices))) {}
 
 bool RingWork::wait(std::chrono::milliseconds timeout) {
   if (std::this_thread::get_id() == progress_thread_) {

@@ -1,8 +1,9 @@
 // The Work handed back by every ringreduce op.
 //
-// Completed by the group's progress thread; wait() blocks the caller (CPU tensors: there is no
-// stream to wait on) and re-raises the op's error; the future's value is the output tensor list,
-// which torch's DDP and comm hooks rely on.
+// Completed by the group's progress thread; wait() blocks the caller and re-raises the op's error.
+// A CUDA op completes once it is done on the device too (CudaSide), and its future carries the
+// device, so that callbacks and value() order the caller's streams after it. The future's value is the output tensor
+// list, which torch's DDP and comm hooks rely on.
 #pragma once
 
 #include <ATen/core/ivalue.h>
@@ -24,7 +25,8 @@ class RingWork final : public c10d::Work {
   // `queue`: the state of the group's op queue, whose progress thread completes queued ops; a
   // wait on that thread runs them itself (see run_queued_here_until).
   RingWork(int rank, c10d::OpType type, const char* op_name, uint64_t seq,
-           std::vector<at::Tensor> outputs, std::shared_ptr<QueueState> queue);
+           std::vector<at::Tensor> outputs, std::shared_ptr<QueueState> queue,
+           std::vector<c10::Device> devices = {});
 
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;

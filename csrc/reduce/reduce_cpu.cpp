@@ -23,6 +23,7 @@
 
 #include "common/error.h"
 #include "reduce/half.h"
+#include "reduce/kernels.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -581,6 +582,32 @@ void copy(void* dst, const void* src, size_t bytes, bool streaming) {
   (void)streaming;
 #endif
   std::memcpy(dst, src, bytes);
+}
+
+}  // namespace ringreduce
+
+namespace ringreduce {
+
+namespace {
+
+class CpuKernels final : public Kernels {
+ public:
+  void reduce(void* dst, const void* a, const void* b, size_t n, DType t, RedOp op) override {
+    ringreduce::reduce(dst, a, b, n, t, op);
+  }
+  void divide(void* dst, const void* src, size_t n, DType t, int64_t divisor) override {
+    ringreduce::divide(dst, src, n, t, divisor);
+  }
+  void copy(void* dst, const void* src, size_t bytes, bool streaming) override {
+    ringreduce::copy(dst, src, bytes, streaming);
+  }
+};
+
+}  // namespace
+
+Kernels& cpu_kernels() {
+  static CpuKernels k;  // stateless: shared by every ring of the process
+  return k;
 }
 
 }  // namespace ringreduce

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "common/error.h"
-#include "reduce/reduce.h"
+#include "reduce/kernels.h"
 
 namespace ringreduce {
 
@@ -60,8 +60,8 @@ class Landing {
 
 }  // namespace
 
-Ring::Ring(Transport& transport, size_t slice_bytes)
-    : t_(transport), rank_(transport.rank()), size_(transport.size()),
+Ring::Ring(Transport& transport, size_t slice_bytes, Kernels& kernels)
+    : t_(transport), k_(kernels), rank_(transport.rank()), size_(transport.size()),
       slice_bytes_(std::min(slice_bytes, transport.max_payload())) {
   RR_CHECK(slice_bytes_ >= 16, "ringreduce ring: slice size must be at least 16 bytes, got ",
            slice_bytes_);
@@ -143,7 +143,7 @@ void Ring::reduce_scatter_slice(const Plan& p, size_t j, const Chunks& in, DType
     const int c = mod(r - 1);
     const Span sp = span(p, c, j);
     void* dst = t_.send_begin(next, ctx, dl);
-    if (sp.len) copy(dst, in.at(c) + sp.offset * p.es, sp.len * p.es);
+    if (sp.len) k_.copy(dst, in.at(c) + sp.offset * p.es, sp.len * p.es, false);
     send_done(next, fp, sp.len * p.es);
   }
   for (int s = 1; s < n - 1; ++s) {
@@ -151,7 +151,7 @@ void Ring::reduce_scatter_slice(const Plan& p, size_t j, const Chunks& in, DType
     const Span sp = span(p, c, j);
     const void* src = recv_checked(prev, fp, sp.len * p.es, ctx, dl);
     void* dst = t_.send_begin(next, ctx, dl);
-    if (sp.len) ringreduce::reduce(dst, src, in.at(c) + sp.offset * p.es, sp.len, t, op);
+    if (sp.len) k_.reduce(dst, src, in.at(c) + sp.offset * p.es, sp.len, t, op);
     send_done(next, fp, sp.len * p.es);
     t_.recv_end(prev);
   }
@@ -181,11 +181,11 @@ void Ring::all_gather_slice(const Plan& p, size_t j, const Chunks& out, const Ms
     const void* src = recv_checked(prev, fp, sp.len * p.es, ctx, dl);
     if (s < n - 1) {  // forward first: the successor can start while we write our copy
       void* dst = t_.send_begin(next, ctx, dl);
-      if (sp.len) copy(dst, src, sp.len * p.es);
+      if (sp.len) k_.copy(dst, src, sp.len * p.es, false);
       send_done(next, fp, sp.len * p.es);
     }
     uint8_t* target = out.at(c) + sp.offset * p.es;
-    if (sp.len && src != target) copy(target, src, sp.len * p.es, p.streaming);  // else it landed there
+    if (sp.len && src != target) k_.copy(target, src, sp.len * p.es, p.streaming);  // else it landed there
     t_.recv_end(prev);
   }
 }
@@ -195,8 +195,8 @@ void Ring::allreduce(const void* in_ptr, void* out_ptr, size_t count, DType t, R
   const int n = size_;
   const size_t es = dtype_size(t);
   if (n == 1) {
-    if (in_ptr != out_ptr && count > 0) copy(out_ptr, in_ptr, count * es);
-    if (divisor != 1 && count > 0) divide(out_ptr, out_ptr, count, t, divisor);
+    if (in_ptr != out_ptr && count > 0) k_.copy(out_ptr, in_ptr, count * es, false);
+    if (divisor != 1 && count > 0) k_.divide(out_ptr, out_ptr, count, t, divisor);
     return;
   }
   const Plan p = plan(count, ceil_div(count, static_cast<size_t>(n)), t);
@@ -220,9 +220,9 @@ void Ring::allreduce(const void* in_ptr, void* out_ptr, size_t count, DType t, R
                          [&](const Span& sp, const void* partial, const uint8_t* mine) {
                            void* dst = t_.send_begin(next, ctx, dl);
                            if (sp.len) {
-                             ringreduce::reduce(dst, partial, mine, sp.len, t, op);
-                             if (divisor != 1) divide(dst, dst, sp.len, t, divisor);
-                             copy(out.at(rank_) + sp.offset * es, dst, sp.len * es, p.streaming);
+                             k_.reduce(dst, partial, mine, sp.len, t, op);
+                             if (divisor != 1) k_.divide(dst, dst, sp.len, t, divisor);
+                             k_.copy(out.at(rank_) + sp.offset * es, dst, sp.len * es, p.streaming);
                            }
                            send_done(next, fp, sp.len * es);
                          });
@@ -236,8 +236,8 @@ void Ring::reduce_scatter(const Chunks& in, void* out_ptr, size_t count, DType t
   const size_t es = dtype_size(t);
   auto* out = static_cast<uint8_t*>(out_ptr);
   if (n == 1) {
-    if (count > 0) copy(out, in.at(0), count * es);
-    if (divisor != 1 && count > 0) divide(out, out, count, t, divisor);
+    if (count > 0) k_.copy(out, in.at(0), count * es, false);
+    if (divisor != 1 && count > 0) k_.divide(out, out, count, t, divisor);
     return;
   }
   const Plan p = plan(count * static_cast<size_t>(n), count, t);
@@ -248,8 +248,8 @@ void Ring::reduce_scatter(const Chunks& in, void* out_ptr, size_t count, DType t
                          [&](const Span& sp, const void* partial, const uint8_t* mine) {
                            if (!sp.len) return;
                            uint8_t* dst = out + sp.offset * es;
-                           ringreduce::reduce(dst, partial, mine, sp.len, t, op);
-                           if (divisor != 1) divide(dst, dst, sp.len, t, divisor);
+                           k_.reduce(dst, partial, mine, sp.len, t, op);
+                           if (divisor != 1) k_.divide(dst, dst, sp.len, t, divisor);
                          });
   }
 }
@@ -260,7 +260,7 @@ void Ring::all_gather(const void* in_ptr, const Chunks& out, size_t count, DType
   const size_t es = dtype_size(t);
   const auto* in = static_cast<const uint8_t*>(in_ptr);
   uint8_t* mine = out.at(rank_);
-  if (mine != in && count > 0) copy(mine, in, count * es);
+  if (mine != in && count > 0) k_.copy(mine, in, count * es, false);
   if (n == 1) return;
   const Plan p = plan(count * static_cast<size_t>(n), count, t);
   const MsgHeader fp = fingerprint(ctx, OpKind::AllGather, count, t, 0, -1);
@@ -275,7 +275,7 @@ void Ring::all_gather(const void* in_ptr, const Chunks& out, size_t count, DType
   for (size_t j = 0; j < p.nslices; ++j) {
     const Span sp = span(p, rank_, j);
     void* dst = t_.send_begin(next, ctx, dl);
-    if (sp.len) copy(dst, mine + sp.offset * es, sp.len * es);
+    if (sp.len) k_.copy(dst, mine + sp.offset * es, sp.len * es, false);
     send_done(next, fp, sp.len * es);
     all_gather_slice(p, j, out, fp, ctx, dl);
   }
@@ -303,8 +303,8 @@ void Ring::reduce(const void* in_ptr, void* out_ptr, size_t count, DType t, RedO
                            void* dst = at_root ? out.at(root) + sp.offset * es
                                                : t_.send_begin(root, ctx, dl);
                            if (sp.len) {
-                             ringreduce::reduce(dst, partial, mine, sp.len, t, op);
-                             if (divisor != 1) divide(dst, dst, sp.len, t, divisor);
+                             k_.reduce(dst, partial, mine, sp.len, t, op);
+                             if (divisor != 1) k_.divide(dst, dst, sp.len, t, divisor);
                            }
                            if (!at_root) send_done(root, fp, sp.len * es);
                          });
@@ -315,7 +315,7 @@ void Ring::reduce(const void* in_ptr, void* out_ptr, size_t count, DType t, RedO
       if (c == root) continue;
       const Span sp = span(p, c, j);
       const void* src = recv_checked(c, fp, sp.len * es, ctx, dl);
-      if (sp.len) copy(out.at(c) + sp.offset * es, src, sp.len * es, p.streaming);
+      if (sp.len) k_.copy(out.at(c) + sp.offset * es, src, sp.len * es, p.streaming);
       t_.recv_end(c);
     }
   }
@@ -326,7 +326,7 @@ void Ring::gather(const void* in_ptr, const Chunks& out, size_t count, DType t, 
   check_root(root, ctx);
   const size_t es = dtype_size(t);
   const auto* in = static_cast<const uint8_t*>(in_ptr);
-  if (rank_ == root && count > 0 && out.at(root) != in) copy(out.at(root), in, count * es);
+  if (rank_ == root && count > 0 && out.at(root) != in) k_.copy(out.at(root), in, count * es, false);
   if (size_ == 1) return;
   const Plan p = plan(count, count, t);
   const MsgHeader fp = fingerprint(ctx, OpKind::Gather, count, t, 0, root);
@@ -334,7 +334,7 @@ void Ring::gather(const void* in_ptr, const Chunks& out, size_t count, DType t, 
     const Span sp = span(p, 0, j);
     if (rank_ != root) {
       void* dst = t_.send_begin(root, ctx, dl);
-      if (sp.len) copy(dst, in + sp.offset * es, sp.len * es);
+      if (sp.len) k_.copy(dst, in + sp.offset * es, sp.len * es, false);
       send_done(root, fp, sp.len * es);
       continue;
     }
@@ -342,7 +342,7 @@ void Ring::gather(const void* in_ptr, const Chunks& out, size_t count, DType t, 
     for (int c = 0; c < size_; ++c) {
       if (c == root) continue;
       const void* src = recv_checked(c, fp, sp.len * es, ctx, dl);
-      if (sp.len) copy(out.at(c) + sp.offset * es, src, sp.len * es, p.streaming);
+      if (sp.len) k_.copy(out.at(c) + sp.offset * es, src, sp.len * es, p.streaming);
       t_.recv_end(c);
     }
   }
@@ -354,7 +354,7 @@ void Ring::scatter(const Chunks& in, void* out_ptr, size_t count, DType t, int r
   check_root(root, ctx);
   const size_t es = dtype_size(t);
   auto* out = static_cast<uint8_t*>(out_ptr);
-  if (rank_ == root && count > 0 && in.at(root) != out) copy(out, in.at(root), count * es);
+  if (rank_ == root && count > 0 && in.at(root) != out) k_.copy(out, in.at(root), count * es, false);
   if (size_ == 1) return;
   const Plan p = plan(count, count, t);
   const MsgHeader fp = fingerprint(ctx, OpKind::Scatter, count, t, 0, root);
@@ -364,12 +364,12 @@ void Ring::scatter(const Chunks& in, void* out_ptr, size_t count, DType t, int r
       for (int c = 0; c < size_; ++c) {
         if (c == root) continue;
         void* dst = t_.send_begin(c, ctx, dl);
-        if (sp.len) copy(dst, in.at(c) + sp.offset * es, sp.len * es);
+        if (sp.len) k_.copy(dst, in.at(c) + sp.offset * es, sp.len * es, false);
         send_done(c, fp, sp.len * es);
       }
     } else {
       const void* src = recv_checked(root, fp, sp.len * es, ctx, dl);
-      if (sp.len) copy(out + sp.offset * es, src, sp.len * es, p.streaming);
+      if (sp.len) k_.copy(out + sp.offset * es, src, sp.len * es, p.streaming);
       t_.recv_end(root);
     }
   }
@@ -404,21 +404,21 @@ void Ring::alltoall(const Chunks& in, const std::vector<size_t>& send_counts, co
         const size_t off = std::min(send_counts[to], j * slice);
         const size_t len = std::min(send_counts[to] - off, slice);
         void* dst = t_.send_begin(to, ctx, dl);
-        if (len) copy(dst, in.at(to) + off * es, len * es);
+        if (len) k_.copy(dst, in.at(to) + off * es, len * es, false);
         send_done(to, fp_out, len * es);
       }
       if (j < nrecv) {
         const size_t off = std::min(recv_counts[from], j * slice);
         const size_t len = std::min(recv_counts[from] - off, slice);
         const void* src = recv_checked(from, fp_in, len * es, ctx, dl);
-        if (len) copy(out.at(from) + off * es, src, len * es, streaming);
+        if (len) k_.copy(out.at(from) + off * es, src, len * es, streaming);
         t_.recv_end(from);
       }
     }
   }
   // Its own block last: while the exchange runs, the peers are kept waiting as little as possible.
   if (send_counts[r] > 0 && in.at(r) != out.at(r)) {
-    copy(out.at(r), in.at(r), send_counts[r] * es, streaming);
+    k_.copy(out.at(r), in.at(r), send_counts[r] * es, streaming);
   }
   // A rank's sends may all fit in its peers' FIFOs before a peer checks them.
   round(fingerprint(ctx, OpKind::AllToAll, 0, t, 0, -1), ctx, dl);
@@ -449,16 +449,16 @@ void Ring::broadcast(void* buf_ptr, size_t count, DType t, int root, const OpCon
     const size_t len = std::min(count - off, slice);
     if (pos == 0) {
       void* dst = t_.send_begin(next, ctx, dl);
-      if (len) copy(dst, buf + off * es, len * es);
+      if (len) k_.copy(dst, buf + off * es, len * es, false);
       send_done(next, fp, len * es);
     } else {
       const void* src = recv_checked(prev, fp, len * es, ctx, dl);
       if (pos < n - 1) {  // forward before writing our copy: the successor starts sooner
         void* dst = t_.send_begin(next, ctx, dl);
-        if (len) copy(dst, src, len * es);
+        if (len) k_.copy(dst, src, len * es, false);
         send_done(next, fp, len * es);
       }
-      if (len) copy(buf + off * es, src, len * es, streaming);
+      if (len) k_.copy(buf + off * es, src, len * es, streaming);
       t_.recv_end(prev);
     }
   }

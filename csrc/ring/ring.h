@@ -16,6 +16,7 @@
 
 #include "common/deadline.h"
 #include "common/dtype.h"
+#include "reduce/kernels.h"
 #include "transport/transport.h"
 
 namespace ringreduce {
@@ -41,7 +42,9 @@ class Chunks {
 class Ring {
  public:
   // slice_bytes: the most a single message carries (clamped to the transport's slot size).
-  Ring(Transport& transport, size_t slice_bytes);
+  // `kernels` do the element-wise work on the op's buffers and the transport's slots: the host's
+  // by default, a device's for a ring over device memory (reduce/reduce_cuda.h). Both outlive it.
+  Ring(Transport& transport, size_t slice_bytes, Kernels& kernels = cpu_kernels());
   // Whether received headers are compared with the op (on by default; see Config).
   void set_check_fingerprints(bool on) { check_fingerprints_ = on; }
 
@@ -142,6 +145,7 @@ class Ring {
                      const MsgHeader& got) const;
 
   Transport& t_;
+  Kernels& k_;
   int rank_;
   int size_;
   size_t slice_bytes_;

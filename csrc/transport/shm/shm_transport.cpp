@@ -367,8 +367,8 @@ void* ShmTransport::send_begin(int peer, const OpContext& op, const Deadline& dl
 }
 
 void ShmTransport::send_end(int peer, const MsgHeader& hdr) {
-  RR_CHECK(hdr.bytes <= cfg_.slot_bytes, "ringreduce shm: rank ", rank_, " sends ", hdr.bytes,
-           " bytes to rank ", peer, ", more than a slot holds (", cfg_.slot_bytes, ")");
+  RR_CHECK(hdr.bytes <= max_payload(), "ringreduce shm: rank ", rank_, " sends ", hdr.bytes,
+           " bytes to rank ", peer, ", more than a slot holds (", max_payload(), ")");
   std::memcpy(slot(peer, rank_, sent_[peer]), &hdr, sizeof hdr);
   sent_[peer] += 1;
   // seq_cst store: orders the payload before it.
@@ -387,9 +387,9 @@ const void* ShmTransport::recv_begin(int peer, MsgHeader* hdr, const OpContext& 
   const uint8_t* s = slot(rank_, peer, received_[peer]);
   std::memcpy(hdr, s, sizeof *hdr);
   // The header came from another process: never let it steer a read past the slot.
-  RR_CHECK(hdr->bytes <= cfg_.slot_bytes, "ringreduce ", op.name, " #", op.seq, ": rank ", rank_,
+  RR_CHECK(hdr->bytes <= max_payload(), "ringreduce ", op.name, " #", op.seq, ": rank ", rank_,
            " got a message of ", hdr->bytes, " bytes from rank ", peer, ", larger than a slot (",
-           cfg_.slot_bytes, ")");
+           max_payload(), ")");
   return s + kSlotHeaderBytes;
 }
 
@@ -420,8 +420,8 @@ const void* ShmTransport::try_recv_begin(int peer, MsgHeader* hdr) {
   if (head - want - 1 >= 0x80000000u) return nullptr;
   const uint8_t* s = slot(rank_, peer, received_[peer]);
   std::memcpy(hdr, s, sizeof *hdr);
-  RR_CHECK(hdr->bytes <= cfg_.slot_bytes, "ringreduce shm: rank ", rank_, " got a message of ",
-           hdr->bytes, " bytes from rank ", peer, ", larger than a slot (", cfg_.slot_bytes, ")");
+  RR_CHECK(hdr->bytes <= max_payload(), "ringreduce shm: rank ", rank_, " got a message of ",
+           hdr->bytes, " bytes from rank ", peer, ", larger than a slot (", max_payload(), ")");
   return s + kSlotHeaderBytes;
 }
 

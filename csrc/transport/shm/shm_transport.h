@@ -28,6 +28,10 @@ struct ShmConfig {
   // Ring the peer's doorbell on every send_end / recv_end. Costs one more atomic per message, so
   // only the point-to-point transport, whose engine waits on all peers at once, turns it on.
   bool doorbells = false;
+  // Non-zero: payloads live elsewhere (device memory, transport/cuda_ipc/) and this transport
+  // carries only their headers and the FIFO control; a header may then announce up to this many
+  // bytes, and slot_bytes can be the minimum.
+  size_t external_payload_bytes = 0;
 };
 
 class ShmTransport final : public Transport {
@@ -48,7 +52,9 @@ class ShmTransport final : public Transport {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  size_t max_payload() const override { return cfg_.slot_bytes; }
+  size_t max_payload() const override {
+    return cfg_.external_payload_bytes ? cfg_.external_payload_bytes : cfg_.slot_bytes;
+  }
 
   void* send_begin(int peer, const OpContext& op, const Deadline& dl) override;
   void send_end(int peer, const MsgHeader& hdr) override;
@@ -67,6 +73,12 @@ class ShmTransport final : public Transport {
   // Records where this rank stands in its segment, for a wait on another transport of a mixed
   // group: local peers that follow a chain of waits read it there.
   void note_state(uint64_t op_seq, int32_t blocked_on);
+
+  // Messages published to `peer` / released from it so far: the index of the slot the open send
+  // or receive uses is this modulo nslots (for a transport that keeps payloads elsewhere).
+  uint64_t sent(int peer) const { return sent_[peer]; }
+  uint64_t received(int peer) const { return received_[peer]; }
+  uint32_t nslots() const { return cfg_.nslots; }
 
   // Whether messages to and from `peer` go through shared memory.
   bool is_local(int peer) const {

@@ -1,0 +1,174 @@
+#include "backend/cuda_side.h"
+
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <mutex>
+#include <optional>
+
+#include "backend/store_bootstrap.h"
+#include "backend/work.h"
+#include "common/error.h"
+#include "reduce/reduce_cuda.h"
+#include "ring/ring.h"
+#include "transport/cuda_ipc/cuda_ipc_transport.h"
+
+namespace ringreduce {
+
+struct CudaSide::Impl {
+  Impl(c10::intrusive_ptr<c10d::Store> s, std::string p, int r, int n, const Config& c, Transport& h)
+      : store(std::move(s)), prefix(std::move(p)), rank(r), size(n), cfg(c), host(h) {}
+
+  // The device ring, built at the first CUDA op (by its caller, under setup_mu; afterwards only
+  // the progress thread uses it).
+  Ring& ring() {
+    if (ring_) return *ring_;
+    kernels = std::make_unique<cuda::CudaKernels>(comm->stream());
+    std::string why;
+    if (cfg.cuda_transport == "staged") {
+      why = "RINGREDUCE_CUDA_TRANSPORT=staged";
+    } else {
+      try {
+        StoreBootstrap bs(store);
+        CudaIpcConfig ic;
+        ic.slot_bytes = cfg.cuda_slice_bytes;
+        ic.nslots = cfg.slots;
+        ic.spin = cfg.spin;
+        ic.device = device->index();
+        ic.stream = comm->stream();
+        auto t = std::make_unique<CudaIpcTransport>(bs, prefix + "cuda/", rank, size, ic);
+        ipc = t.get();
+        transport = std::move(t);
+        ring_ = std::make_unique<Ring>(*transport, cfg.cuda_slice_bytes, *kernels);
+      } catch (const CudaIpcUnavailable& e) {
+        if (cfg.cuda_transport == "ipc") {
+          throw Error(detail::cat("ringreduce: rank ", rank, ": RINGREDUCE_CUDA_TRANSPORT=ipc, but ",
+                                  "CUDA IPC cannot join this group's ranks: ", e.what()));
+        }
+        why = e.what();
+        // Said once per group, by rank 0 (every rank reached the same verdict).
+        if (rank == 0) {
+          std::fprintf(stderr,
+                       "[ringreduce] CUDA tensors of this group travel through host memory: %s "
+                       "(RINGREDUCE_CUDA_TRANSPORT=staged chooses this without the probe, and "
+                       "without this line)\n",
+                       e.what());
+        }
+      }
+    }
+    if (!ring_) {
+      transport = std::make_unique<StagedTransport>(host, device->index(), comm->stream());
+      ring_ = std::make_unique<Ring>(*transport, cfg.slice_bytes, *kernels);
+    }
+    ring_->set_check_fingerprints(cfg.check_fingerprints);
+    std::lock_guard<std::mutex> lock(mu);
+    name = ipc ? "cuda_ipc" : "staged";
+    return *ring_;
+  }
+
+  c10::intrusive_ptr<c10d::Store> store;
+  std::string prefix;
+  int rank, size;
+  Config cfg;
+  Transport& host;
+
+  mutable std::mutex mu;  // device, comm and name, read by callers' threads
+  std::mutex setup_mu;    // the ring's set-up, by the first caller
+  std::optional<c10::Device> device;
+  std::optional<c10::cuda::CUDAStream> comm;  // torch's pool owns it
+  std::string name;
+
+  std::unique_ptr<cuda::CudaKernels> kernels;
+  std::unique_ptr<Transport> transport;
+  CudaIpcTransport* ipc = nullptr;  // transport, when it is the IPC one
+  std::unique_ptr<Ring> ring_;
+};
+
+CudaSide::CudaSide(c10::intrusive_ptr<c10d::Store> store, std::string prefix, int rank, int size,
+                   const Config& cfg, Transport& host)
+    : impl_(std::make_unique<Impl>(std::move(store), std::move(prefix), rank, size, cfg, host)) {}
+
+CudaSide::~CudaSide() = default;
+
+std::function<void(const OpContext&, const Deadline&)> CudaSide::prepare(
+    const char* op, const c10::Device& device, const std::vector<at::Tensor>& used, RingBody body) {
+  Impl& m = *impl_;
+  c10::cuda::CUDAStream comm = [&] {
+    std::lock_guard<std::mutex> lock(m.mu);
+    if (!m.device) {
+      m.device = device;
+      m.comm = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device.index());
+    } else if (*m.device != device) {
+      C10_THROW_ERROR(DistBackendError,
+                      detail::cat("ringreduce ", op, ": rank ", m.rank, ": got a tensor on ", device,
+                                  ", but this group's CUDA ops run on ", *m.device,
+                                  " (one device per rank and group)"));
+    }
+    return *m.comm;
+  }();
+  c10::cuda::CUDAGuard guard(device);
+  // The device transport is set up here, on the caller's thread, while no op of this group
+  // runs: its set-up (cudaMalloc, cudaIpcOpenMemHandle) may synchronise the whole device.
+  {
+    std::lock_guard<std::mutex> lock(m.setup_mu);
+    m.ring();
+  }
+  // The caller's stream has queued the work that produces the inputs: the op starts after it.
+  auto ready = std::make_shared<at::cuda::CUDAEvent>(cudaEventDisableTiming);
+  ready->record(c10::cuda::getCurrentCUDAStream(device.index()));
+  for (const at::Tensor& t : used) {
+    if (t.defined() && t.is_cuda()) t.record_stream(comm);
+  }
+  return [this, device, comm, ready, body = std::move(body)](const OpContext& ctx, const Deadline& dl) {
+    Impl& m = *impl_;
+    const std::string host_abort = m.host.abort_reason();
+    if (!host_abort.empty()) {
+      if (m.ipc) m.ipc->abort_group(host_abort);
+      throw AbortedError(detail::cat("ringreduce ", ctx.name, " #", ctx.seq, ": rank ", m.rank,
+                                     ": the group was aborted: ", host_abort));
+    }
+    c10::cuda::CUDAGuard guard(device);
+    c10::cuda::CUDAStreamGuard on_comm(comm);
+    ready->block(comm);
+    try {
+      body(m.ring(), ctx, dl);
+      const cudaError_t err = cudaStreamSynchronize(comm.stream());
+      if (err != cudaSuccess) {
+        cudaGetLastError();
+        throw Error(detail::cat("ringreduce ", ctx.name, " #", ctx.seq, ": rank ", m.rank,
+                                ": a CUDA kernel of the op failed: ", cudaGetErrorString(err)));
+      }
+    } catch (...) {
+      // The two control planes fail together: a peer in a later CPU op of the group must not
+      // wait for this rank until its deadline.
+      if (m.ipc) {
+        const std::string why = m.ipc->abort_reason();
+        if (!why.empty()) m.host.abort_group(why);
+      }
+      cudaStreamSynchronize(comm.stream());  // nothing of the op runs on after it failed
+      throw;
+    }
+  };
+}
+
+std::string CudaSide::transport_name() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->name;
+}
+
+void CudaSide::abort_group(const std::string& why) {
+  if (impl_->ipc) impl_->ipc->abort_group(why);
+}
+
+std::string CudaSide::abort_reason() const {
+  return impl_->ipc ? impl_->ipc->abort_reason() : std::string();
+}
+
+std::vector<std::string> CudaSide::linked_segments() const {
+  return impl_->ipc ? impl_->ipc->linked_segments() : std::vector<std::string>{};
+}
+
+}  // namespace ringreduce

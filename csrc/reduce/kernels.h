@@ -1,0 +1,32 @@
+// The element-wise work of a ring op, behind one interface: where the data lives decides which
+// kernels run it. The ring (csrc/ring/) is written once against this and the Transport; a ring over
+// host memory gets cpu_kernels(), a ring over device memory a CudaKernels bound to its stream
+// (reduce/reduce_cuda.h).
+//
+// The calls have the contracts of the free functions in reduce/reduce.h. Device kernels are only
+// queued when the call returns; the transport that publishes a slot waits for them first (see
+// transport/cuda_ipc/), so the ring needs no fences of its own.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/dtype.h"
+
+namespace ringreduce {
+
+class Kernels {
+ public:
+  virtual ~Kernels() = default;
+  // dst[i] = a[i] op b[i]; dst may be a or b exactly.
+  virtual void reduce(void* dst, const void* a, const void* b, size_t n, DType t, RedOp op) = 0;
+  // dst[i] = src[i] / divisor (AVG's last step); dst may be src.
+  virtual void divide(void* dst, const void* src, size_t n, DType t, int64_t divisor) = 0;
+  // `streaming`: dst is the caller's output, not read again inside the op (a hint).
+  virtual void copy(void* dst, const void* src, size_t bytes, bool streaming) = 0;
+};
+
+// The host kernels of reduce/reduce.h; one instance serves every ring.
+Kernels& cpu_kernels();
+
+}  // namespace ringreduce

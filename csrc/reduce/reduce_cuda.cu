@@ -1,0 +1,662 @@
+// CUDA reduction kernels.
+//
+// The same shape as reduce_cpu.cpp: one kernel template over an element kind (how an element is
+// stored, in which type it is computed) and an op functor, one map kernel for divide(), and
+// with_kind() / with_op() below as the only places that turn the runtime tags into types.
+//
+// Every result must be bit-identical to the CPU kernels' on the same inputs: a job can mix ranks
+// whose slices are reduced on the host with ranks whose slices are reduced here, and every rank
+// must end with the same bits. Three things differ between a GPU and an x86 core unless this file
+// takes care of them:
+//
+// - Contraction. nvcc fuses a*b+c into an FMA by default, which rounds once instead of twice (the
+//   complex product). The arithmetic goes through the __f*_rn / __d*_rn intrinsics, which are
+//   never fused whatever the flags; CMake passes --fmad=false as well for anything else.
+// - NaN results. A GPU does not propagate NaN payloads (an op that yields a NaN yields its one
+//   canonical NaN); x86 SSE/AVX returns the first NaN operand with its quiet bit set, and for an
+//   invalid op (inf - inf, 0 * inf) the "default NaN", negative (0xffc00000). x86_nan() rebuilds
+//   x86's answer whenever a result is NaN. When both operands are NaN the CPU's answer depends on
+//   the order in which its compiler placed the operands of a commutative op (it differs between
+//   its own in-place and out-of-place loops), so there is no one answer to match; here the first
+//   operand as written wins.
+// - fp16/bf16 NaNs. The CPU widens fp16 with F16C semantics (a NaN keeps its payload and comes out
+//   quiet) and narrows keeping the payload's top bits; the hardware conversions are not documented
+//   to keep payloads, so NaNs take an integer path (the formulas of reduce/half.h) and the rest the
+//   hardware's exact, round-to-nearest-even conversions.
+//
+// Never build this file with --use_fast_math (or -ftz=true, -prec-div=false): the NaN checks need
+// IEEE comparisons, and flushed subnormals or approximate division would change the bits.
+
+#include "reduce/reduce_cuda.h"
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <mutex>
+#include <type_traits>
+#include <utility>
+
+#include "common/error.h"
+
+static_assert(std::is_same_v<ringreduce::cuda::Stream, cudaStream_t>,
+              "reduce_cuda.h's Stream must be cudaStream_t");
+
+namespace ringreduce {
+namespace cuda {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// IEEE arithmetic as x86 does it
+
+__device__ __forceinline__ bool is_nan(float x) { return x != x; }
+__device__ __forceinline__ bool is_nan(double x) { return x != x; }
+
+__device__ __forceinline__ float quiet(float x) {
+  return __uint_as_float(__float_as_uint(x) | 0x00400000u);
+}
+__device__ __forceinline__ double quiet(double x) {
+  return __longlong_as_double(static_cast<long long>(
+      static_cast<unsigned long long>(__double_as_longlong(x)) | 0x0008000000000000ull));
+}
+
+template <class R>
+__device__ __forceinline__ R default_nan();
+template <>
+__device__ __forceinline__ float default_nan<float>() {
+  return __uint_as_float(0xFFC00000u);
+}
+template <>
+__device__ __forceinline__ double default_nan<double>() {
+  return __longlong_as_double(static_cast<long long>(0xFFF8000000000000ull));
+}
+
+// What an SSE/AVX instruction returns for `x op y` when the result is NaN. Only called on that
+// (rare) path, so its branches cost nothing on ordinary data.
+template <class R>
+__device__ __forceinline__ R x86_nan(R x, R y) {
+  if (is_nan(x)) return quiet(x);
+  if (is_nan(y)) return quiet(y);
+  return default_nan<R>();
+}
+
+__device__ __forceinline__ float add(float x, float y) {
+  const float z = __fadd_rn(x, y);
+  return is_nan(z) ? x86_nan(x, y) : z;
+}
+__device__ __forceinline__ float sub(float x, float y) {
+  const float z = __fsub_rn(x, y);
+  return is_nan(z) ? x86_nan(x, y) : z;
+}
+__device__ __forceinline__ float mul(float x, float y) {
+  const float z = __fmul_rn(x, y);
+  return is_nan(z) ? x86_nan(x, y) : z;
+}
+__device__ __forceinline__ float div(float x, float y) {
+  const float z = __fdiv_rn(x, y);
+  return is_nan(z) ? x86_nan(x, y) : z;
+}
+__device__ __forceinline__ double add(double x, double y) {
+  const double z = __dadd_rn(x, y);
+  return is_nan(z) ? x86_nan(x, y) : z;
+}
+__device__ __forceinline__ double sub(double x, double y) {
+  const double z = __dsub_rn(x, y);
+  return is_nan(z) ? x86_nan(x, y) : z;
+}
+__device__ __forceinline__ double mul(double x, double y) {
+  const double z = __dmul_rn(x, y);
+  return is_nan(z) ? x86_nan(x, y) : z;
+}
+__device__ __forceinline__ double div(double x, double y) {
+  const double z = __ddiv_rn(x, y);
+  return is_nan(z) ? x86_nan(x, y) : z;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Element kinds (as in reduce_cpu.cpp: Store is what lies in memory, Math what the op runs in)
+
+// Two packed reals, like reduce_cpu.cpp's Complex, std::complex and c10::complex. Aligned as one
+// real, not two: a complex128 slice may start 8 bytes past a 16-byte boundary.
+template <class R>
+struct Complex {
+  R re, im;
+};
+static_assert(sizeof(Complex<float>) == 8 && sizeof(Complex<double>) == 16,
+              "complex must be two packed reals");
+
+// The textbook formulas, in the CPU's order of operations, so that each rounding is the same.
+template <class R>
+__device__ __forceinline__ Complex<R> add(Complex<R> x, Complex<R> y) {
+  return {add(x.re, y.re), add(x.im, y.im)};
+}
+template <class R>
+__device__ __forceinline__ Complex<R> mul(Complex<R> x, Complex<R> y) {
+  return {sub(mul(x.re, y.re), mul(x.im, y.im)), add(mul(x.re, y.im), mul(x.im, y.re))};
+}
+
+template <class T>
+struct IsComplex : std::false_type {};
+template <class R>
+struct IsComplex<Complex<R>> : std::true_type {};
+
+template <class T>
+struct Native {
+  using Store = T;
+  using Math = T;
+  __device__ static Math load(Store v) { return v; }
+  __device__ static Store store(Math v) { return v; }
+};
+
+struct Half {
+  using Store = uint16_t;
+  using Math = float;
+  __device__ static float load(uint16_t h) {
+    // NaNs by hand: F16C keeps the payload and sets the quiet bit (and the CPU kernels match
+    // F16C), which the hardware conversion is not documented to do.
+    if ((h & 0x7FFFu) > 0x7C00u) {
+      return __uint_as_float((uint32_t(h & 0x8000u) << 16) | 0x7FC00000u |
+                             (uint32_t(h & 0x03FFu) << 13));
+    }
+    return __half2float(__ushort_as_half(h));
+  }
+  __device__ static uint16_t store(float f) {
+    const uint32_t w = __float_as_uint(f);
+    if ((w & 0x7FFFFFFFu) > 0x7F800000u) {  // NaN: keep the payload's top bits, quiet
+      return uint16_t(((w >> 16) & 0x8000u) | 0x7E00u | ((w >> 13) & 0x03FFu));
+    }
+    return __half_as_ushort(__float2half_rn(f));
+  }
+};
+
+struct BHalf {
+  using Store = uint16_t;
+  using Math = float;
+  // A bf16 is the top half of a float: widening is exact, and (as on the CPU) keeps a signalling
+  // NaN signalling until an op or the narrowing quiets it.
+  __device__ static float load(uint16_t h) { return __uint_as_float(uint32_t(h) << 16); }
+  // reduce/half.h's float_to_bf16, integer only, so that it is the CPU's rounding by construction.
+  __device__ static uint16_t store(float f) {
+    const uint32_t w = __float_as_uint(f);
+    const uint32_t rounded = (w + 0x7FFFu + ((w >> 16) & 1u)) >> 16;
+    const uint32_t nan = (w >> 16) | 0x0040u;
+    return uint16_t((w & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded);
+  }
+};
+
+// Bytes, not C++ bool: any nonzero byte is true, results are 0/1 (as on the CPU).
+struct Bool {
+  using Store = uint8_t;
+  using Math = bool;
+  __device__ static Math load(Store v) { return v != 0; }
+  __device__ static Store store(Math v) { return static_cast<Store>(v); }
+};
+
+template <class M>
+constexpr bool kIsFloat = std::is_floating_point_v<M>;
+template <class M>
+constexpr bool kIsBool = std::is_same_v<M, bool>;
+template <class M>
+constexpr bool kIsInt = std::is_integral_v<M> && !kIsBool<M>;
+
+// Signed overflow is undefined and the narrow types promote to int: wrap in an unsigned type at
+// least as wide as unsigned int, as the CPU kernels (and torch, and NCCL) do.
+template <class M>
+using Wide = std::conditional_t<(sizeof(M) < sizeof(unsigned)), unsigned, std::make_unsigned_t<M>>;
+
+// ---------------------------------------------------------------------------------------------
+// Ops: the CPU's definitions, element for element
+
+struct OpSum {
+  template <class M>
+  __device__ static M apply(M a, M b) {
+    if constexpr (kIsBool<M>) return a | b;
+    else if constexpr (kIsInt<M>) return static_cast<M>(Wide<M>(a) + Wide<M>(b));
+    else return add(a, b);
+  }
+};
+
+struct OpProd {
+  template <class M>
+  __device__ static M apply(M a, M b) {
+    if constexpr (kIsBool<M>) return a & b;
+    else if constexpr (kIsInt<M>) return static_cast<M>(Wide<M>(a) * Wide<M>(b));
+    else return mul(a, b);
+  }
+};
+
+// NaN-propagating selects, no arithmetic: the NaN that comes out is an input's, bit for bit
+// (unquieted, as on the CPU), and which one is fixed by the operand order written here.
+struct OpMin {
+  template <class M>
+  __device__ static M apply(M a, M b) {
+    if constexpr (kIsBool<M>) return a & b;
+    else if constexpr (kIsFloat<M>) return ((a < b) | (a != a)) ? a : b;
+    else return a < b ? a : b;
+  }
+};
+
+struct OpMax {
+  template <class M>
+  __device__ static M apply(M a, M b) {
+    if constexpr (kIsBool<M>) return a | b;
+    else if constexpr (kIsFloat<M>) return ((a > b) | (a != a)) ? a : b;
+    else return a > b ? a : b;
+  }
+};
+
+struct OpBAnd {
+  template <class M>
+  __device__ static M apply(M a, M b) { return static_cast<M>(a & b); }
+};
+struct OpBOr {
+  template <class M>
+  __device__ static M apply(M a, M b) { return static_cast<M>(a | b); }
+};
+struct OpBXor {
+  template <class M>
+  __device__ static M apply(M a, M b) { return static_cast<M>(a ^ b); }
+};
+
+// The compile-time mirror of unsupported_reason(), as in reduce_cpu.cpp.
+template <class K, class Op>
+constexpr bool supported() {
+  using M = typename K::Math;
+  if constexpr (std::is_same_v<Op, OpMin> || std::is_same_v<Op, OpMax>) return !IsComplex<M>::value;
+  if constexpr (std::is_same_v<Op, OpBAnd> || std::is_same_v<Op, OpBOr> ||
+                std::is_same_v<Op, OpBXor>) {
+    return kIsInt<M> || kIsBool<M>;
+  }
+  return true;
+}
+
+// Element maps for divide(). The divisor arrives already converted to the Math type (on the
+// host, with the same static_cast as the CPU), so the kernels only divide.
+template <class M>
+struct DivideBy {
+  M d;
+  __device__ M operator()(M x) const { return div(x, d); }
+};
+template <class R>
+struct DivideBy<Complex<R>> {
+  R d;
+  __device__ Complex<R> operator()(Complex<R> x) const { return {div(x.re, d), div(x.im, d)}; }
+};
+// Truncating toward zero through int64, as the CPU does (see IntDivideBy there); x / -1 gets the
+// wrapping negation instead, where the quotient of the type's minimum would not fit.
+template <class M>
+struct IntDivideBy {
+  int64_t d;
+  __device__ M operator()(M x) const { return static_cast<M>(static_cast<int64_t>(x) / d); }
+};
+template <class M>
+struct IntNegate {
+  __device__ M operator()(M x) const { return static_cast<M>(Wide<M>(0) - Wide<M>(x)); }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Kernels
+//
+// The body moves 16 bytes per load and store, the widest access a thread has, so that a warp
+// touches whole 128-byte lines with a quarter of the instructions of 4-byte accesses. That needs
+// dst, a and b at the same offset modulo 16: then a scalar head brings all three to a 16-byte
+// boundary at once, and a scalar tail finishes the count. Pointers misaligned differently get
+// the scalar loop throughout (Wide16 = false, one element per "pack").
+//
+// Each thread has kUnroll packs of each input in flight per iteration, all loads issued before
+// the first result is needed: HBM reaches full bandwidth only with several MiB outstanding, and the
+// registers a pack takes (not the thread count) limit how many threads an SM holds. The loop
+// grid-strides over a grid capped at what the device holds at once (resident_blocks): blocks
+// beyond that would only queue behind the first wave, and one resident wave sweeps the buffer
+// contiguously, iteration by iteration.
+
+constexpr int kThreads = 256;
+constexpr int kUnroll = 4;
+
+// V elements that are loaded and stored together. A wide pack (V > 1, and the 16-byte
+// complex128) lies on a 16-byte boundary and moves as one 128-bit access through `raw`; nvcc
+// does not reliably keep a memcpy of the elements one access.
+template <class S, int V, bool Wide16>
+union Pack {
+  S e[V];
+};
+template <class S, int V>
+union Pack<S, V, true> {
+  static_assert(sizeof(S) * V == 16, "a wide pack is 16 bytes");
+  uint4 raw;
+  S e[V];
+};
+
+template <class S, int V, bool Wide16>
+__device__ __forceinline__ Pack<S, V, Wide16> load_pack(const S* p) {
+  Pack<S, V, Wide16> out;
+  if constexpr (Wide16) out.raw = *reinterpret_cast<const uint4*>(p);
+  else out.e[0] = *p;
+  return out;
+}
+template <class S, int V, bool Wide16>
+__device__ __forceinline__ void store_pack(S* p, const Pack<S, V, Wide16>& v) {
+  // __stwb is a plain (write-back) store; as an intrinsic it stays one 128-bit store, where nvcc
+  // splits some assignments of the union into four.
+  if constexpr (Wide16) __stwb(reinterpret_cast<uint4*>(p), v.raw);
+  else *p = v.e[0];
+}
+
+template <class K, class Op>
+__device__ __forceinline__ typename K::Store reduce_elem(typename K::Store a, typename K::Store b) {
+  return K::store(Op::apply(K::load(a), K::load(b)));
+}
+
+// dst[i] = a[i] op b[i]. The first `head` elements and the `tail` after the nvec packs are scalar,
+// one per thread of the first few threads. No __restrict__: dst may be a or b, which is safe here
+// because each element is read and then written by the same thread, and no thread reads an
+// element another one writes.
+template <class K, class Op, bool Wide16>
+__global__ void __launch_bounds__(kThreads)
+    reduce_kernel(typename K::Store* dst, const typename K::Store* a, const typename K::Store* b,
+                  size_t head, size_t nvec, size_t tail) {
+  using S = typename K::Store;
+  constexpr int V = Wide16 ? int(16 / sizeof(S)) : 1;
+  using P = Pack<S, V, Wide16>;
+  const size_t tid = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  S* const d = dst + head;
+  const S* const x = a + head;
+  const S* const y = b + head;
+
+  // The last iteration is partial (guarded per pack) rather than a scalar remainder loop: its
+  // loads then still go out together instead of one round trip after another.
+  for (size_t i = tid; i < nvec; i += kUnroll * stride) {
+    P px[kUnroll], py[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const size_t j = i + u * stride;
+      if (j < nvec) {
+        px[u] = load_pack<S, V, Wide16>(x + j * V);
+        py[u] = load_pack<S, V, Wide16>(y + j * V);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const size_t j = i + u * stride;
+      if (j < nvec) {
+        P r;
+#pragma unroll
+        for (int k = 0; k < V; ++k) r.e[k] = reduce_elem<K, Op>(px[u].e[k], py[u].e[k]);
+        store_pack<S, V, Wide16>(d + j * V, r);
+      }
+    }
+  }
+
+  if (tid < head) {
+    dst[tid] = reduce_elem<K, Op>(a[tid], b[tid]);
+  } else if (tid < head + tail) {
+    const size_t j = head + nvec * V + (tid - head);
+    dst[j] = reduce_elem<K, Op>(a[j], b[j]);
+  }
+}
+
+// dst[i] = f(src[i]), laid out as reduce_kernel. dst may be src.
+template <class K, class F, bool Wide16>
+__global__ void __launch_bounds__(kThreads)
+    map_kernel(typename K::Store* dst, const typename K::Store* src, size_t head, size_t nvec,
+               size_t tail, F f) {
+  using S = typename K::Store;
+  constexpr int V = Wide16 ? int(16 / sizeof(S)) : 1;
+  using P = Pack<S, V, Wide16>;
+  const size_t tid = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  S* const d = dst + head;
+  const S* const x = src + head;
+
+  for (size_t i = tid; i < nvec; i += kUnroll * stride) {
+    P px[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const size_t j = i + u * stride;
+      if (j < nvec) px[u] = load_pack<S, V, Wide16>(x + j * V);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const size_t j = i + u * stride;
+      if (j < nvec) {
+        P r;
+#pragma unroll
+        for (int k = 0; k < V; ++k) r.e[k] = K::store(f(K::load(px[u].e[k])));
+        store_pack<S, V, Wide16>(d + j * V, r);
+      }
+    }
+  }
+
+  if (tid < head) {
+    dst[tid] = K::store(f(K::load(src[tid])));
+  } else if (tid < head + tail) {
+    const size_t j = head + nvec * V + (tid - head);
+    dst[j] = K::store(f(K::load(src[j])));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Launching
+
+// How many blocks of `kernel` the current device holds at once, over all its SMs. The SM count and
+// the occupancy are asked once per kernel and device (a ring launches once per slice, and the
+// occupancy calculator is not free); a lock around a small map costs nothing beside a launch.
+int resident_blocks(const void* kernel) {
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  RR_CHECK(err == cudaSuccess, "ringreduce cuda: cudaGetDevice failed: ", cudaGetErrorString(err));
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, int> cache;  // (kernel, device) -> blocks
+  std::lock_guard<std::mutex> lock(mu);
+  const auto it = cache.find({kernel, dev});
+  if (it != cache.end()) return it->second;
+  int sms = 0, per_sm = 0;
+  err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  RR_CHECK(err == cudaSuccess, "ringreduce cuda: cannot read the SM count of device ", dev, ": ",
+           cudaGetErrorString(err));
+  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0);
+  RR_CHECK(err == cudaSuccess, "ringreduce cuda: cannot read a kernel's occupancy on device ", dev,
+           ": ", cudaGetErrorString(err));
+  const int blocks = std::max(1, sms * per_sm);
+  cache.emplace(std::make_pair(kernel, dev), blocks);
+  return blocks;
+}
+
+// How a call is cut into head, 16-byte packs and tail. Wide is false when the pointers' offsets
+// modulo 16 differ (or are not a whole number of elements apart from the boundary): then
+// everything is one scalar run.
+struct Split {
+  bool wide;
+  size_t head, nvec, tail;
+};
+
+Split split(size_t n, size_t elem_size, std::initializer_list<const void*> ptrs) {
+  const size_t off = reinterpret_cast<uintptr_t>(*ptrs.begin()) % 16;
+  bool same = off % elem_size == 0;
+  for (const void* p : ptrs) same = same && reinterpret_cast<uintptr_t>(p) % 16 == off;
+  if (!same) return {false, 0, n, 0};
+  const size_t per = 16 / elem_size;  // 1 for complex128
+  const size_t head = std::min(n, (16 - off) % 16 / elem_size);
+  const size_t nvec = (n - head) / per;
+  return {true, head, nvec, n - head - nvec * per};
+}
+
+// Blocks for `items` packs: one pack per thread per unrolled step, at most one resident wave.
+unsigned grid_for(const void* kernel, size_t items) {
+  const size_t per_block = size_t(kThreads) * kUnroll;
+  const size_t want = std::max<size_t>(1, (items + per_block - 1) / per_block);
+  return static_cast<unsigned>(std::min<size_t>(want, size_t(resident_blocks(kernel))));
+}
+
+template <class K, class Op>
+void launch_reduce(void* dst, const void* a, const void* b, size_t n, cudaStream_t s) {
+  using S = typename K::Store;
+  auto* d = static_cast<S*>(dst);
+  const auto* x = static_cast<const S*>(a);
+  const auto* y = static_cast<const S*>(b);
+  const Split sp = split(n, sizeof(S), {dst, a, b});
+  if (sp.wide) {
+    const auto kernel = reduce_kernel<K, Op, true>;
+    kernel<<<grid_for(reinterpret_cast<const void*>(kernel), sp.nvec), kThreads, 0, s>>>(
+        d, x, y, sp.head, sp.nvec, sp.tail);
+  } else {
+    const auto kernel = reduce_kernel<K, Op, false>;
+    kernel<<<grid_for(reinterpret_cast<const void*>(kernel), n), kThreads, 0, s>>>(d, x, y, 0, n,
+                                                                                   0);
+  }
+}
+
+template <class K, class F>
+void launch_map(void* dst, const void* src, size_t n, cudaStream_t s, F f) {
+  using S = typename K::Store;
+  auto* d = static_cast<S*>(dst);
+  const auto* x = static_cast<const S*>(src);
+  const Split sp = split(n, sizeof(S), {dst, src});
+  if (sp.wide) {
+    const auto kernel = map_kernel<K, F, true>;
+    kernel<<<grid_for(reinterpret_cast<const void*>(kernel), sp.nvec), kThreads, 0, s>>>(
+        d, x, sp.head, sp.nvec, sp.tail, f);
+  } else {
+    const auto kernel = map_kernel<K, F, false>;
+    kernel<<<grid_for(reinterpret_cast<const void*>(kernel), n), kThreads, 0, s>>>(d, x, 0, n, 0,
+                                                                                   f);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The dispatch point
+
+template <class F>
+void with_kind(DType t, const char* what, F&& f) {
+  switch (t) {
+    case DType::Float32: return f(Native<float>{});
+    case DType::Float64: return f(Native<double>{});
+    case DType::Float16: return f(Half{});
+    case DType::BFloat16: return f(BHalf{});
+    case DType::Int8: return f(Native<int8_t>{});
+    case DType::UInt8: return f(Native<uint8_t>{});
+    case DType::Int16: return f(Native<int16_t>{});
+    case DType::Int32: return f(Native<int32_t>{});
+    case DType::Int64: return f(Native<int64_t>{});
+    case DType::Bool: return f(Bool{});
+    case DType::Complex64: return f(Native<Complex<float>>{});
+    case DType::Complex128: return f(Native<Complex<double>>{});
+  }
+  throw Error(
+      detail::cat("ringreduce cuda ", what, ": unknown dtype tag ", static_cast<unsigned>(t)));
+}
+
+template <class F>
+void with_op(RedOp op, F&& f) {
+  switch (op) {
+    case RedOp::Sum: return f(OpSum{});
+    case RedOp::Prod: return f(OpProd{});
+    case RedOp::Min: return f(OpMin{});
+    case RedOp::Max: return f(OpMax{});
+    case RedOp::BAnd: return f(OpBAnd{});
+    case RedOp::BOr: return f(OpBOr{});
+    case RedOp::BXor: return f(OpBXor{});
+  }
+  throw Error(detail::cat("ringreduce cuda reduce: unknown op tag ", static_cast<unsigned>(op)));
+}
+
+// Checks shared by reduce and divide, mirroring the CPU's. Element alignment is new here: a GPU
+// faults on a misaligned load where an x86 core only slows down. Torch tensors and slices of them
+// are always aligned to their element type (and complex128 only needs 8 bytes).
+void check_buffer(const char* what, const void* p, size_t elem_size, DType t) {
+  const size_t align = std::min<size_t>(elem_size, 8);
+  RR_CHECK(reinterpret_cast<uintptr_t>(p) % align == 0, "ringreduce cuda ", what, " (",
+           dtype_name(t), "): buffer ", p, " is not aligned to ", align, " bytes");
+}
+
+void check_no_partial_overlap(const char* what, const void* x, const void* y, size_t bytes,
+                              DType t) {
+  const auto px = reinterpret_cast<uintptr_t>(x);
+  const auto py = reinterpret_cast<uintptr_t>(y);
+  RR_CHECK(px == py || px + bytes <= py || py + bytes <= px, "ringreduce cuda ", what, " (",
+           dtype_name(t), "): output overlaps an input without being the same buffer (", x,
+           " and ", y, ", ", bytes, " bytes)");
+}
+
+}  // namespace
+
+void reduce(void* dst, const void* a, const void* b, size_t n, DType t, RedOp op, Stream s) {
+  if (const char* why = unsupported_reason(t, op)) {
+    throw Error(detail::cat("ringreduce cuda reduce: ", redop_name(op), " is not supported on ",
+                            dtype_name(t), ": ", why));
+  }
+  if (n == 0) return;
+  RR_CHECK(dst && a && b, "ringreduce cuda reduce (", redop_name(op), ", ", dtype_name(t),
+           "): null buffer for ", n, " elements");
+  const size_t es = dtype_size(t);
+  for (const void* p : {static_cast<const void*>(dst), a, b}) check_buffer("reduce", p, es, t);
+  check_no_partial_overlap("reduce", dst, a, n * es, t);
+  check_no_partial_overlap("reduce", dst, b, n * es, t);
+
+  with_kind(t, "reduce", [&](auto kind) {
+    using K = decltype(kind);
+    with_op(op, [&](auto op_tag) {
+      using Op = decltype(op_tag);
+      if constexpr (supported<K, Op>()) {
+        launch_reduce<K, Op>(dst, a, b, n, s);
+      } else {
+        throw Error(detail::cat("ringreduce cuda reduce: internal error: no kernel for ",
+                                redop_name(op), " on ", dtype_name(t)));
+      }
+    });
+  });
+  const cudaError_t err = cudaGetLastError();
+  RR_CHECK(err == cudaSuccess, "ringreduce cuda reduce (", redop_name(op), ", ", dtype_name(t),
+           ", ", n, " elements): kernel launch failed: ", cudaGetErrorString(err));
+}
+
+void divide(void* dst, const void* src, size_t n, DType t, int64_t divisor, Stream s) {
+  RR_CHECK(t != DType::Bool, "ringreduce cuda divide: bool tensors cannot be divided (an average "
+                             "of bools is not a bool)");
+  RR_CHECK(divisor != 0, "ringreduce cuda divide (", dtype_name(t), "): divisor is zero");
+  if (n == 0) return;
+  RR_CHECK(dst && src, "ringreduce cuda divide (", dtype_name(t), "): null buffer for ", n,
+           " elements");
+  const size_t es = dtype_size(t);
+  check_buffer("divide", dst, es, t);
+  check_buffer("divide", src, es, t);
+  check_no_partial_overlap("divide", dst, src, n * es, t);
+
+  with_kind(t, "divide", [&](auto kind) {
+    using K = decltype(kind);
+    using M = typename K::Math;
+    if constexpr (kIsBool<M>) {
+      // Rejected above; Bool only reaches here through the generic lambda.
+    } else if constexpr (kIsInt<M>) {
+      if (divisor == -1) launch_map<K>(dst, src, n, s, IntNegate<M>{});
+      else launch_map<K>(dst, src, n, s, IntDivideBy<M>{divisor});
+    } else if constexpr (IsComplex<M>::value) {
+      using R = decltype(M::re);
+      launch_map<K>(dst, src, n, s, DivideBy<M>{static_cast<R>(divisor)});
+    } else {
+      launch_map<K>(dst, src, n, s, DivideBy<M>{static_cast<M>(divisor)});
+    }
+  });
+  const cudaError_t err = cudaGetLastError();
+  RR_CHECK(err == cudaSuccess, "ringreduce cuda divide (", dtype_name(t), " by ", divisor, ", ", n,
+           " elements): kernel launch failed: ", cudaGetErrorString(err));
+}
+
+void copy(void* dst, const void* src, size_t bytes, Stream s) {
+  if (bytes == 0 || dst == src) return;
+  RR_CHECK(dst && src, "ringreduce cuda copy: null buffer for ", bytes, " bytes");
+  const auto pd = reinterpret_cast<uintptr_t>(dst);
+  const auto ps = reinterpret_cast<uintptr_t>(src);
+  RR_CHECK(pd + bytes <= ps || ps + bytes <= pd, "ringreduce cuda copy: buffers overlap (", dst,
+           " and ", src, ", ", bytes, " bytes)");
+  const cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s);
+  RR_CHECK(err == cudaSuccess, "ringreduce cuda copy (", bytes,
+           " bytes): cudaMemcpyAsync failed: ", cudaGetErrorString(err));
+}
+
+}  // namespace cuda
+}  // namespace ringreduce

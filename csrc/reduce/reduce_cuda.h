@@ -1,0 +1,48 @@
+// Reduction and copy kernels over raw device pointers (CUDA), queued on a stream.
+//
+// The same contracts as reduce/reduce.h, on device memory: every dtype and op the CPU path has,
+// fp16/bf16 computed in fp32 and rounded to nearest even once, integer division truncating toward
+// zero, any alignment and count. No torch types: callers pass a cudaStream_t (declared here
+// without the CUDA headers, so that host code that only passes a stream around needs none).
+// Launch errors throw ringreduce::Error with cudaGetErrorString's text.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/dtype.h"
+#include "reduce/kernels.h"
+
+struct CUstream_st;  // cudaStream_t is CUstream_st*
+
+namespace ringreduce {
+namespace cuda {
+
+using Stream = CUstream_st*;
+
+// dst[i] = a[i] op b[i] for i in [0, n), queued on `s`. dst may be a or b exactly.
+void reduce(void* dst, const void* a, const void* b, size_t n, DType t, RedOp op, Stream s);
+// dst[i] = src[i] / divisor, queued on `s` (bool rejected). dst may be src.
+void divide(void* dst, const void* src, size_t n, DType t, int64_t divisor, Stream s);
+// Device-to-device copy of `bytes`, queued on `s`.
+void copy(void* dst, const void* src, size_t bytes, Stream s);
+
+// The ring's kernels for buffers on one device, queued on one stream (owned by the caller).
+class CudaKernels final : public Kernels {
+ public:
+  explicit CudaKernels(Stream s) : s_(s) {}
+  void reduce(void* dst, const void* a, const void* b, size_t n, DType t, RedOp op) override {
+    cuda::reduce(dst, a, b, n, t, op, s_);
+  }
+  void divide(void* dst, const void* src, size_t n, DType t, int64_t divisor) override {
+    cuda::divide(dst, src, n, t, divisor, s_);
+  }
+  void copy(void* dst, const void* src, size_t bytes, bool) override { cuda::copy(dst, src, bytes, s_); }
+  Stream stream() const { return s_; }
+
+ private:
+  Stream s_;
+};
+
+}  // namespace cuda
+}  // namespace ringreduce

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The GPU check, in one call on a GPU host whose python3 has torch (with CUDA), pybind11 and
+# ninja, and no network: builds ringreduce against that torch, runs the C++ CUDA kernel test,
+# the GPU tests and the GPU benchmark, and writes logs and result tables to the folder named by
+# its argument (created if missing).
+#
+#   scripts/gpu_check.sh OUT_DIR [quick]
+#
+# "quick" skips the benchmark. Exit status: non-zero if the build or any test failed.
+set -uo pipefail
+out="${1:?usage: scripts/gpu_check.sh OUT_DIR [quick]}"
+mode="${2:-full}"
+mkdir -p "$out"
+cd "$(dirname "$0")/.."
+py="${PYTHON:-python3}"
+export PYTHONUNBUFFERED=1
+status=0
+
+{
+  date -u +"%Y-%m-%dT%H:%M:%SZ"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+  nvcc --version | tail -1
+} > "$out/env.txt" 2>&1
+
+# The image's default compiler may link libstdc++ statically (one such image sets CXX to an
+# /opt/gcc build that does); an extension with its own copy of libstdc++ beside torch's shared
+# one crashes in its first iostream call. The system compiler links the shared one, as torch
+# does. RINGREDUCE_KEEP_CXX=1 keeps the environment's compiler.
+if [ -z "${RINGREDUCE_KEEP_CXX:-}" ] && [ -x /usr/bin/g++ ]; then
+  export CC=/usr/bin/gcc CXX=/usr/bin/g++ LDSHARED="/usr/bin/g++ -shared"
+fi
+
+echo "== build" | tee "$out/build.log"
+if ! MAX_JOBS="${MAX_JOBS:-16}" "$py" -m pip install --no-build-isolation --no-deps -e . >> "$out/build.log" 2>&1; then
+  tail -40 "$out/build.log"
+  echo "gpu_check: the build failed (log: $out/build.log)"
+  exit 1
+fi
+grep "ringreduce:" "$out/build.log" | head -3
+if ldd ringreduce/_C*.so | grep -q libstdc++; then :; else
+  echo "gpu_check: ringreduce/_C links no shared libstdc++ (a static copy crashes beside torch's)"
+  exit 1
+fi
+
+echo "== C++ CUDA kernel test"
+if [ -z "${SKIP_CPP:-}" ] && command -v cmake > /dev/null; then
+  if cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DRINGREDUCE_CUDA=ON \
+       -DCMAKE_CUDA_ARCHITECTURES=90 > "$out/cpp.log" 2>&1 &&
+     cmake --build build/gpu -j 16 --target test_reduce_cuda >> "$out/cpp.log" 2>&1; then
+    build/gpu/test_reduce_cuda >> "$out/cpp.log" 2>&1 || status=1
+  else
+    status=1
+  fi
+  tail -5 "$out/cpp.log"
+else
+  echo "skipped (SKIP_CPP set, or no cmake)" | tee "$out/cpp.log"
+fi
+
+echo "== GPU tests"
+timeout "${TEST_TIMEOUT:-420}" "$py" -m pytest -q -rs tests/test_cuda.py 2>&1 | tee "$out/tests.log" | tail -30
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+
+if [ "$mode" != quick ]; then
+  echo "== benchmark"
+  # 8K, 256K, 8M and 256M: the sizes the targets name, and two between.
+  for n in ${BENCH_RANKS:-2 4}; do
+    timeout "${BENCH_TIMEOUT:-300}" "$py" -m ringreduce.bench --device cuda --nproc "$n" -b 8K -e 256M -f 32 \
+      --json "$out/bench_cuda_${n}ranks.json" 2>&1 | tee "$out/bench_cuda_${n}ranks.txt"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  done
+fi
+echo "gpu_check: exit $status"
+exit $status
