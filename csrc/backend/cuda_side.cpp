@@ -163,10 +163,6 @@ void CudaSide::abort_group(const std::string& why) {
   if (impl_->ipc) impl_->ipc->abort_group(why);
 }
 
-std::string CudaSide::abort_reason() const {
-  return impl_->ipc ? impl_->ipc->abort_reason() : std::string();
-}
-
 std::vector<std::string> CudaSide::linked_segments() const {
   return impl_->ipc ? impl_->ipc->linked_segments() : std::vector<std::string>{};
 }

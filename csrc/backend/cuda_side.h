@@ -55,7 +55,6 @@ class CudaSide {
   std::string transport_name() const;
   // Aborts the device transport's group too (it has a control plane of its own).
   void abort_group(const std::string& why);
-  std::string abort_reason() const;
   std::vector<std::string> linked_segments() const;
 
  private:

@@ -354,22 +354,24 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const cha
                                                     std::chrono::milliseconds timeout,
                                                     bool async_op, Body body) {
   // Where the op runs: on the device of its tensors, which must all be on one.
-  std::vector<at::Tensor> used = outputs;
-  used.insert(used.end(), inputs.begin(), inputs.end());
   std::optional<c10::Device> device;
-  for (const at::Tensor& t : used) {
-    if (!t.defined()) continue;
-    if (!device) {
-      device = t.device();
-    } else if (t.device() != *device) {
-      fail(detail::cat("ringreduce ", name, ": rank ", rank_, ": the op's tensors are on ", *device,
-                       " and ", t.device(), "; they must all be on one device"));
+  for (const std::vector<at::Tensor>* list : {&std::as_const(outputs), &inputs}) {
+    for (const at::Tensor& t : *list) {
+      if (!t.defined()) continue;
+      if (!device) {
+        device = t.device();
+      } else if (t.device() != *device) {
+        fail(detail::cat("ringreduce ", name, ": rank ", rank_, ": the op's tensors are on ",
+                         *device, " and ", t.device(), "; they must all be on one device"));
+      }
     }
   }
   std::function<void(const OpContext&, const Deadline&)> run;
   const bool on_cuda = device && device->is_cuda();
   if (on_cuda) {
 #ifdef RINGREDUCE_WITH_CUDA
+    std::vector<at::Tensor> used = outputs;
+    used.insert(used.end(), inputs.begin(), inputs.end());
     run = cuda_->prepare(name, *device, used, std::move(body));
 #else
     fail(detail::cat("ringreduce ", name, ": rank ", rank_, ": got a tensor on ", *device,
