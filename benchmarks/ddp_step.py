@@ -4,13 +4,16 @@
     python benchmarks/ddp_step.py -g 4 --batch 16
 
 Every rank trains the same MLP (1024 -> 4096 -> 4096 -> 1024 by default: 25.2M parameters,
-100 MB of fp32 gradients per step) with SGD, in five ways, measured in the same run and
+100 MB of fp32 gradients per step) with SGD, in six ways, measured in the same run and
 interleaved round by round so that a noisy neighbour hits them alike:
 
   ringreduce DDP   ringreduce.DistributedDataParallel on the ringreduce group
   ..., views       the same with gradient_as_bucket_view=True (no copy in or out of the buckets)
   torch DDP / rr   torch.nn.parallel.DistributedDataParallel on the ringreduce group
   torch DDP / gloo torch.nn.parallel.DistributedDataParallel on a gloo group
+  after backward   no wrapper: backward, then every gradient all-reduced (AVG, in place) on the
+                   ringreduce group, then the step: the same communication without overlap,
+                   which shows what overlapping it with backward gains or costs on this machine
   no comm          the bare model: forward, backward and step, with no communication at all
                    (every rank still computes at once, so it shares the cores as the others do)
 
@@ -63,6 +66,7 @@ def _rank(rank, world, store, args):
             _model(args, 0), process_group=rr, bucket_cap_mb=args.bucket_mb, gradient_as_bucket_view=True),
         "torch DDP / rr": TorchDDP(_model(args, 0), process_group=rr, bucket_cap_mb=args.bucket_mb),
         "torch DDP / gloo": TorchDDP(_model(args, 0), process_group=gloo, bucket_cap_mb=args.bucket_mb),
+        "after backward": _model(args, 0),
         "no comm": _model(args, 0),
     }
     opts = {k: torch.optim.SGD(v.parameters(), lr=1e-3) for k, v in setups.items()}
@@ -75,6 +79,11 @@ def _rank(rank, world, store, args):
         model, opt = setups[name], opts[name]
         opt.zero_grad(set_to_none=False)
         F.mse_loss(model(x), y).backward()
+        if name == "after backward":  # in the order backward produced them, all issued at once
+            handles = [dist.all_reduce(p.grad, op=dist.ReduceOp.AVG, group=rr, async_op=True)
+                       for p in reversed(list(model.parameters()))]
+            for h in handles:
+                h.wait()
         opt.step()
 
     times = {k: [] for k in setups}
@@ -147,6 +156,9 @@ def _report(args, world, nparams, step, waited, comm, record):
         ratio = step[name] / base
         print(f"# {name}: step = {ratio:.2f}x torch DDP on gloo (target <= 0.70: "
               f"{'met' if ratio <= 0.70 else 'NOT met'})")
+    gain = step["after backward"] - step["ringreduce DDP"]
+    print(f"# overlap: ringreduce DDP's step is {abs(gain) * 1e3:.1f} ms "
+          f"{'shorter' if gain >= 0 else 'longer'} than all-reducing the same gradients after backward")
     starts = record["ready_when_started"]
     print(f"# last ringreduce DDP step: {len(starts)} buckets; gradients ready when each started: "
           f"{starts} of {record['params']}; all-reduces done before the last gradient: "
