@@ -11,6 +11,7 @@ dead rank), and the parent returns a nonzero status. A deadline bounds the whole
 
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -45,6 +46,8 @@ def _child(
     err_path: str,
     args: tuple,
 ) -> None:
+    # A rank stopped at the deadline (SIGTERM) prints where each of its threads was first.
+    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
     try:
         store = dist.TCPStore(
             "127.0.0.1", port, world_size, is_master=False, timeout=timedelta(seconds=timeout_s)
