@@ -7,13 +7,14 @@ Every rank trains the same MLP (1024 -> 4096 -> 4096 -> 1024 by default: 25.2M p
 100 MB of fp32 gradients per step) with SGD, in six ways, measured in the same run and
 interleaved round by round so that a noisy neighbour hits them alike:
 
-  ringreduce DDP   ringreduce.DistributedDataParallel on the ringreduce group
+  ringreduce DDP   ringreduce.DistributedDataParallel on the ringreduce group, as constructed by
+                   default: it overlaps communication with backward where every rank has a core
+                   to spare for it, and otherwise starts the buckets when backward is done
   ..., views       the same with gradient_as_bucket_view=True (no copy in or out of the buckets)
+  ..., overlap=X   the same with the other choice forced (overlap=True where the default is not
+                   to overlap), to show what the choice gains or costs on this machine
   torch DDP / rr   torch.nn.parallel.DistributedDataParallel on the ringreduce group
   torch DDP / gloo torch.nn.parallel.DistributedDataParallel on a gloo group
-  after backward   no wrapper: backward, then every gradient all-reduced (AVG, in place) on the
-                   ringreduce group, then the step: the same communication without overlap,
-                   which shows what overlapping it with backward gains or costs on this machine
   no comm          the bare model: forward, backward and step, with no communication at all
                    (every rank still computes at once, so it shares the cores as the others do)
 
@@ -59,14 +60,17 @@ def _rank(rank, world, store, args):
 
     nparams = sum(p.numel() for p in _model(args, 0).parameters())
 
+    default = ringreduce.DistributedDataParallel(_model(args, 0), process_group=rr,
+                                                 bucket_cap_mb=args.bucket_mb)
+    other = not default.overlap
     setups = {  # each its own copy of the same model
-        "ringreduce DDP": ringreduce.DistributedDataParallel(_model(args, 0), process_group=rr,
-                                                             bucket_cap_mb=args.bucket_mb),
+        "ringreduce DDP": default,
         "ringreduce DDP, views": ringreduce.DistributedDataParallel(
             _model(args, 0), process_group=rr, bucket_cap_mb=args.bucket_mb, gradient_as_bucket_view=True),
+        f"ringreduce DDP, overlap={other}": ringreduce.DistributedDataParallel(
+            _model(args, 0), process_group=rr, bucket_cap_mb=args.bucket_mb, overlap=other),
         "torch DDP / rr": TorchDDP(_model(args, 0), process_group=rr, bucket_cap_mb=args.bucket_mb),
         "torch DDP / gloo": TorchDDP(_model(args, 0), process_group=gloo, bucket_cap_mb=args.bucket_mb),
-        "after backward": _model(args, 0),
         "no comm": _model(args, 0),
     }
     opts = {k: torch.optim.SGD(v.parameters(), lr=1e-3) for k, v in setups.items()}
@@ -79,11 +83,6 @@ def _rank(rank, world, store, args):
         model, opt = setups[name], opts[name]
         opt.zero_grad(set_to_none=False)
         F.mse_loss(model(x), y).backward()
-        if name == "after backward":  # in the order backward produced them, all issued at once
-            handles = [dist.all_reduce(p.grad, op=dist.ReduceOp.AVG, group=rr, async_op=True)
-                       for p in reversed(list(model.parameters()))]
-            for h in handles:
-                h.wait()
         opt.step()
 
     times = {k: [] for k in setups}
@@ -120,18 +119,23 @@ def _rank(rank, world, store, args):
     mine = torch.tensor([statistics.median(times[k]) for k in setups]
                         + [statistics.median(waits[k]) for k in wait_names]
                         + [comm["ringreduce"], comm["gloo"]], dtype=torch.float64)
-    dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=gloo)
-    record = setups["ringreduce DDP"].overlap_record()
+    # The last ops go over the ringreduce group: torch's gloo group can deadlock when it is
+    # destroyed (with torch's DDP holding it, when this function returns) while its worker thread
+    # still releases a just-finished op's tensors, which takes the GIL that the destroying thread
+    # holds. A wait on another group lets that release finish first.
+    dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=rr)
+    # What overlapping did in the last step, from the setup that overlaps.
+    record = (default if default.overlap else setups[f"ringreduce DDP, overlap={other}"]).overlap_record()
     if rank == 0:
         n = len(setups)
-        _report(args, world, nparams, dict(zip(setups, mine[:n].tolist())),
+        _report(args, world, nparams, default.overlap, dict(zip(setups, mine[:n].tolist())),
                 dict(zip(wait_names, mine[n:n + len(wait_names)].tolist())),
                 {"ringreduce": mine[-2].item(), "gloo": mine[-1].item()}, record)
-    dist.barrier(group=gloo)  # every rank done with every group before any tears one down
+    dist.barrier(group=rr)  # every rank done with every group before any tears one down
     dist.destroy_process_group()
 
 
-def _report(args, world, nparams, step, waited, comm, record):
+def _report(args, world, nparams, overlap, step, waited, comm, record):
     base = step["torch DDP / gloo"]
     print(f"# {world} ranks, MLP {args.width_in}-{args.hidden}-{args.hidden}-{args.width_in}: "
           f"{nparams / 1e6:.1f}M parameters ({nparams * 4 / 1e6:.0f} MB of fp32 gradients), batch "
@@ -143,7 +147,7 @@ def _report(args, world, nparams, step, waited, comm, record):
     print("# overhead = step - no comm (copies into and out of buckets, communication, and the cores "
           "they take from backward); comm hidden = 1 - (wait at the end of backward) / (all-reduce "
           "alone), known for ringreduce's wrapper only")
-    print(f"{'setup':<22} {'step(ms)':>9} {'samples/s':>10} {'vs torch DDP/gloo':>18} "
+    print(f"{'setup':<29} {'step(ms)':>9} {'samples/s':>10} {'vs torch DDP/gloo':>18} "
           f"{'overhead(ms)':>13} {'comm hidden':>12}")
     for name, t in step.items():
         thru = world * args.batch / t
@@ -151,16 +155,19 @@ def _report(args, world, nparams, step, waited, comm, record):
         hidden = "-"
         if name in waited:
             hidden = f"{100 * max(0.0, 1 - waited[name] / comm['ringreduce']):.0f}%"
-        print(f"{name:<22} {t * 1e3:9.1f} {thru:10.0f} {t / base:17.2f}x {overhead:>13} {hidden:>12}")
+        print(f"{name:<29} {t * 1e3:9.1f} {thru:10.0f} {t / base:17.2f}x {overhead:>13} {hidden:>12}")
     for name in ("ringreduce DDP", "ringreduce DDP, views"):
         ratio = step[name] / base
         print(f"# {name}: step = {ratio:.2f}x torch DDP on gloo (target <= 0.70: "
               f"{'met' if ratio <= 0.70 else 'NOT met'})")
-    gain = step["after backward"] - step["ringreduce DDP"]
-    print(f"# overlap: ringreduce DDP's step is {abs(gain) * 1e3:.1f} ms "
-          f"{'shorter' if gain >= 0 else 'longer'} than all-reducing the same gradients after backward")
+    other = f"ringreduce DDP, overlap={not overlap}"
+    gain = step[other] - step["ringreduce DDP"]
+    cpus = len(os.sched_getaffinity(0))
+    print(f"# overlap: the default here is overlap={overlap} ({world} ranks x ({args.threads} torch "
+          f"thread(s) + 1 for communication) {'<=' if overlap else '>'} {cpus} CPUs); its step is "
+          f"{abs(gain) * 1e3:.1f} ms {'shorter' if gain >= 0 else 'longer'} than with overlap={not overlap}")
     starts = record["ready_when_started"]
-    print(f"# last ringreduce DDP step: {len(starts)} buckets; gradients ready when each started: "
+    print(f"# last overlapped ringreduce DDP step: {len(starts)} buckets; gradients ready when each started: "
           f"{starts} of {record['params']}; all-reduces done before the last gradient: "
           f"{record['completed_before_last_gradient']}")
 

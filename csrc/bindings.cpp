@@ -93,7 +93,6 @@ PYBIND11_MODULE(_C, m) {
       .def("pending_params", &Buckets::pending_params)
       .def_property_readonly("all_started", &Buckets::all_started)
       .def_property_readonly("in_iteration", &Buckets::in_iteration)
-      .def("ready_when_started", &Buckets::ready_when_started)
       .def("write_back", &Buckets::write_back, py::arg("bucket"), py::arg("used"),
            py::arg("grad_as_view"))
       .def("end_iteration", &Buckets::end_iteration);

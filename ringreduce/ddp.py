@@ -16,6 +16,10 @@ How an iteration runs:
   and say which buckets are complete; each complete bucket's all-reduce starts at once,
   asynchronously, in bucket order (so every rank issues them in the same order). The hook does
   nothing else: communication overlaps the rest of backward.
+  Overlap needs a core for the communication: where the host has none to spare (every core
+  already runs a rank's compute threads), communication and backward only take turns on the same
+  cores and contend for their caches and memory, and it is cheaper to start the (complete)
+  buckets together when the last gradient is in (``overlap``, decided at construction).
   On a ringreduce group, whose all-reduce averages as it reduces (``ReduceOp.AVG``), copies are
   saved: a large gradient (1 MiB or more, or the only one in its bucket) is reduced in place in
   its parameter's ``.grad``, and the smaller ones of its bucket in the flat buffer, so a bucket
@@ -31,6 +35,8 @@ It works over any process group: ``ringreduce``, ``gloo`` or another.
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
 import time
 import weakref
 from typing import Any, Callable
@@ -133,6 +139,12 @@ class DistributedDataParallel(nn.Module):
     ``bucket_cap_mb``, ``find_unused_parameters``, ``gradient_as_bucket_view``, ``static_graph``.
     ``state_dict()`` keys carry the ``module.`` prefix, as torch's DDP's do, so checkpoints move
     between the two.
+
+    ringreduce's own: ``overlap`` (True: a bucket's all-reduce starts as soon as its last gradient
+    is in, while backward goes on; False: the complete buckets start together, in order, when
+    backward has produced the last gradient; None, the default: True for modules on an
+    accelerator, and for CPU modules where this host has a core for each rank's communication
+    thread beside its compute threads, ``local ranks x (torch.get_num_threads() + 1) <= CPUs``).
     """
 
     def __init__(
@@ -149,6 +161,7 @@ class DistributedDataParallel(nn.Module):
         check_reduction: bool = False,
         gradient_as_bucket_view: bool = False,
         static_graph: bool = False,
+        overlap: bool | None = None,
         **unsupported: Any,
     ):
         super().__init__()
@@ -179,7 +192,9 @@ class DistributedDataParallel(nn.Module):
         self._params = [p for _, p in named]
         self._index_of = {id(p): i for i, p in enumerate(self._params)}
         self._buffers_list = [b for b in module.buffers()]
-        self._check_same_parameters(named)
+        spare = self._check_same_parameters(named)
+        # Every rank starts its buckets the same way: overlap unless some rank has no core to spare.
+        self.overlap = all(spare) if overlap is None else bool(overlap)
         if init_sync:
             self._broadcast_from_rank0([p.detach() for p in module.parameters()] + self._buffers_list)
 
@@ -197,6 +212,8 @@ class DistributedDataParallel(nn.Module):
         self._hook: Callable | None = None
         self._hook_state: Any = None
         self._pending: list = []  # (bucket, [Work] or [Future]) started in this iteration, in order
+        self._deferred: list[int] = []  # complete buckets not started yet (overlap=False)
+        self._ready_at_start: list[int] = []  # gradients in when each bucket started
         self._callback_queued = False
         self._locally_unused: list[int] = []
         self._static_unused: list[int] | None = None
@@ -220,10 +237,18 @@ class DistributedDataParallel(nn.Module):
 
     # ---- construction ---------------------------------------------------------------
 
-    def _check_same_parameters(self, named):
+    def _check_same_parameters(self, named) -> list[bool]:
+        """Raises unless every rank has the same parameters. Returns, per rank, whether it has a
+        core to spare for communication (learned in the same exchange; see _spare_core)."""
         mine = [(n, tuple(p.shape), str(p.dtype)) for n, p in named]
+        on_host = all(p.device.type == "cpu" for _, p in named)
         everyone = [None] * self._world
-        dist.all_gather_object(everyone, mine, group=self.process_group)
+        dist.all_gather_object(everyone, (socket.gethostname(), _usable_cpus(), torch.get_num_threads(),
+                                          on_host, mine), group=self.process_group)
+        hosts = [e[0] for e in everyone]
+        spare = [not host_side or _spare_core(hosts.count(host), cpus, threads)
+                 for host, cpus, threads, host_side, _ in everyone]
+        everyone = [e[-1] for e in everyone]
         reference = everyone[0]
         for rank, theirs in enumerate(everyone):
             if theirs == reference:
@@ -236,6 +261,7 @@ class DistributedDataParallel(nn.Module):
                         f"ringreduce DistributedDataParallel: rank {self._rank}: the models differ "
                         f"across ranks: parameter #{i} is {_describe(a)} on rank 0 but {_describe(b)} "
                         f"on rank {rank}")
+        return spare
 
     def _broadcast_from_rank0(self, tensors):
         """Rank 0's values into every rank's tensors: a few large broadcasts per dtype."""
@@ -306,6 +332,7 @@ class DistributedDataParallel(nn.Module):
     def _finish_previous_iteration(self):
         # A forward whose backward never ran (or was not reduced): its started all-reduces are
         # waited for, so that every rank's group stays in step.
+        self._start_deferred()  # as started by a rank that overlaps: at the same point in the sequence
         if self._pending:
             for _, handles in self._pending:
                 for handle in handles:
@@ -327,6 +354,8 @@ class DistributedDataParallel(nn.Module):
         self._locally_unused = unused
         self._callback_queued = False
         self._completed_before_last_grad = 0
+        self._deferred = []
+        self._ready_at_start = []
         average = self._hook is None and self._group_averages
         # A comm hook gets the plain sum of gradients and scales as it likes (as in torch's DDP).
         scale = 1.0 if self._hook is not None else 1.0 / self._world
@@ -336,6 +365,8 @@ class DistributedDataParallel(nn.Module):
         solo_in_place = average and not self.gradient_as_bucket_view
         for b in self._buckets.prepare(scale, unused, solo_in_place):
             self._start_bucket(b)
+        if self._buckets.num_ready == self._buckets.num_params:
+            self._start_deferred()  # nothing is left for backward to produce
 
     def _grad_ready(self, index: int):
         if not self.require_backward_grad_sync or not self._buckets.in_iteration:
@@ -344,13 +375,29 @@ class DistributedDataParallel(nn.Module):
             self._callback_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
         started = self._buckets.mark_ready(index, self.gradient_as_bucket_view)
-        if self._buckets.num_ready == self._buckets.num_params:
+        last = self._buckets.num_ready == self._buckets.num_params
+        if last:
             self._completed_before_last_grad = sum(
                 1 for _, hs in self._pending if all(_done(h) for h in hs))
         for b in started:
             self._start_bucket(b)
+        if last:
+            self._start_deferred()
 
     def _start_bucket(self, b: int):
+        """Starts bucket b's all-reduce now, or (overlap=False) once the last gradient is in."""
+        if self.overlap:
+            self._launch(b)
+        else:
+            self._deferred.append(b)
+
+    def _start_deferred(self):
+        deferred, self._deferred = self._deferred, []
+        for b in deferred:
+            self._launch(b)
+
+    def _launch(self, b: int):
+        self._ready_at_start.append(self._buckets.num_ready)
         if self._hook is None:
             # One all-reduce per segment (see _start_iteration), the whole buffer otherwise.
             handles = [dist.all_reduce(t, op=dist.ReduceOp.AVG if solo or self._buckets_average
@@ -381,6 +428,7 @@ class DistributedDataParallel(nn.Module):
             self._locally_unused.append(i)
             for b in self._buckets.mark_unused(i):
                 self._start_bucket(b)
+        self._start_deferred()
         used: list[int] = []
         if self.find_unused_parameters or self.static_graph:
             # A parameter unused here may be used on another rank: it gets the average. One
@@ -422,15 +470,31 @@ class DistributedDataParallel(nn.Module):
                 for b in range(self._buckets.num_buckets)]
 
     def overlap_record(self) -> dict:
-        """What the last iteration did while backward ran: for each bucket, how many gradients
-        were in when its all-reduce started, and how many all-reduces had already completed when
-        the last gradient arrived, and how long the end of backward waited for the rest."""
+        """What the last iteration did while backward ran: whether it overlapped, for each bucket
+        how many gradients were in when its all-reduce started, how many all-reduces had already
+        completed when the last gradient arrived, and how long the end of backward waited for the
+        rest."""
         return {
+            "overlap": self.overlap,
             "params": len(self._params),
-            "ready_when_started": list(self._buckets.ready_when_started()),
+            "ready_when_started": list(self._ready_at_start),
             "completed_before_last_gradient": self._completed_before_last_grad,
             "waited_s": self._waited_s,
         }
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _spare_core(local_ranks: int, cpus: int, threads: int) -> bool:
+    """Whether a rank's communication can run beside its backward rather than take turns with it:
+    a core for each rank's compute threads and one more for its communication thread. (A module
+    on an accelerator leaves the host's cores to communication: it counts as having one.)"""
+    return local_ranks * (threads + 1) <= cpus
 
 
 def _done(handle) -> bool:

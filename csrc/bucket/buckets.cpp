@@ -153,7 +153,6 @@ std::vector<int64_t> Buckets::prepare(double scale, const std::vector<int64_t>& 
   in_place_.assign(params_.size(), 0);
   ready_count_ = 0;
   next_start_ = 0;
-  ready_when_started_.clear();
   for (Bucket& b : buckets_) {
     b.pending = static_cast<int64_t>(b.params.size());
     b.complete = false;
@@ -228,7 +227,6 @@ std::vector<int64_t> Buckets::mark_ready(int64_t p, bool grad_as_view) {
 std::vector<int64_t> Buckets::start_ready_buckets() {
   std::vector<int64_t> start;
   while (next_start_ < num_buckets() && buckets_[next_start_].complete) {
-    ready_when_started_.push_back(ready_count_);
     start.push_back(next_start_++);
   }
   return start;

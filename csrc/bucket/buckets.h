@@ -76,9 +76,6 @@ class Buckets {
   std::vector<int64_t> pending_params() const;
   bool all_started() const { return next_start_ == num_buckets(); }
   bool in_iteration() const { return in_iteration_; }
-  // For each bucket started in this iteration, how many parameters were ready when it started
-  // (fewer than num_params() means it started while backward was still producing gradients).
-  const std::vector<int64_t>& ready_when_started() const { return ready_when_started_; }
 
   // Bucket b holds its reduced gradients: give them to its parameters. Parameters whose
   // `used[p]` is 0 (no rank produced a gradient for them) are left as they are; an empty `used`
@@ -117,7 +114,6 @@ class Buckets {
   std::vector<uint8_t> solo_;      // per parameter: a segment of its own
   std::vector<uint8_t> in_place_;  // per parameter: reduced in its .grad in this iteration
   bool in_iteration_ = false;
-  std::vector<int64_t> ready_when_started_;
 };
 
 }  // namespace ringreduce
