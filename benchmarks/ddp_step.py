@@ -5,7 +5,8 @@
 
 Every rank trains the same MLP (1024 -> 4096 -> 4096 -> 1024 by default: 25.2M parameters,
 100 MB of fp32 gradients per step) with SGD, in six ways, measured in the same run and
-interleaved round by round so that a noisy neighbour hits them alike:
+interleaved round by round (in an order rotated each round) so that a noisy neighbour hits them
+alike:
 
   ringreduce DDP   ringreduce.DistributedDataParallel on the ringreduce group, as constructed by
                    default: it overlaps communication with backward where every rank has a core
@@ -90,8 +91,11 @@ def _rank(rank, world, store, args):
     for name in setups:  # warm-up: first iterations allocate and (torch DDP) rebuild buckets
         for _ in range(args.warmup):
             step(name)
-    for _ in range(args.rounds):
-        for name in setups:
+    names = list(setups)
+    for r in range(args.rounds):
+        # Each round starts one setup further on, so that none always runs first (after the
+        # setup whose model was last in the caches) or always last.
+        for name in names[r % len(names):] + names[:r % len(names)]:
             dist.barrier(group=gloo)
             t0 = time.perf_counter()
             for _ in range(args.steps):
@@ -141,7 +145,7 @@ def _report(args, world, nparams, overlap, step, waited, comm, record):
           f"{nparams / 1e6:.1f}M parameters ({nparams * 4 / 1e6:.0f} MB of fp32 gradients), batch "
           f"{args.batch} per rank, {args.threads} thread(s) per rank, buckets of {args.bucket_mb:g} MB")
     print(f"# step = forward + backward + SGD step; slowest rank's median of {args.rounds} rounds x "
-          f"{args.steps} steps; setups interleaved round by round")
+          f"{args.steps} steps; setups interleaved round by round, in an order rotated each round")
     print(f"# all-reduce of one step's gradients alone: ringreduce {comm['ringreduce'] * 1e3:.1f} ms, "
           f"gloo {comm['gloo'] * 1e3:.1f} ms")
     print("# overhead = step - no comm (copies into and out of buckets, communication, and the cores "
