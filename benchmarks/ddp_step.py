@@ -8,12 +8,10 @@ Every rank trains the same MLP (1024 -> 4096 -> 4096 -> 1024 by default: 25.2M p
 interleaved round by round (in an order rotated each round) so that a noisy neighbour hits them
 alike:
 
-  ringreduce DDP   ringreduce.DistributedDataParallel on the ringreduce group, as constructed by
-                   default: it overlaps communication with backward where every rank has a core
-                   to spare for it, and otherwise starts the buckets when backward is done
+  ringreduce DDP   ringreduce.DistributedDataParallel on the ringreduce group
   ..., views       the same with gradient_as_bucket_view=True (no copy in or out of the buckets)
-  ..., overlap=X   the same with the other choice forced (overlap=True where the default is not
-                   to overlap), to show what the choice gains or costs on this machine
+  ..., overlap=False  the first without overlap: the buckets start when backward is done, which
+                   shows what overlapping communication with backward gains or costs here
   torch DDP / rr   torch.nn.parallel.DistributedDataParallel on the ringreduce group
   torch DDP / gloo torch.nn.parallel.DistributedDataParallel on a gloo group
   no comm          the bare model: forward, backward and step, with no communication at all
@@ -166,10 +164,8 @@ def _report(args, world, nparams, overlap, step, waited, comm, record):
               f"{'met' if ratio <= 0.70 else 'NOT met'})")
     other = f"ringreduce DDP, overlap={not overlap}"
     gain = step[other] - step["ringreduce DDP"]
-    cpus = len(os.sched_getaffinity(0))
-    print(f"# overlap: the default here is overlap={overlap} ({world} ranks x ({args.threads} torch "
-          f"thread(s) + 1 for communication) {'<=' if overlap else '>'} {cpus} CPUs); its step is "
-          f"{abs(gain) * 1e3:.1f} ms {'shorter' if gain >= 0 else 'longer'} than with overlap={not overlap}")
+    print(f"# overlap: ringreduce DDP's step (overlap={overlap}) is {abs(gain) * 1e3:.1f} ms "
+          f"{'shorter' if gain >= 0 else 'longer'} than with overlap={not overlap}")
     starts = record["ready_when_started"]
     print(f"# last overlapped ringreduce DDP step: {len(starts)} buckets; gradients ready when each started: "
           f"{starts} of {record['params']}; all-reduces done before the last gradient: "

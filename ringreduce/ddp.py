@@ -16,10 +16,9 @@ How an iteration runs:
   and say which buckets are complete; each complete bucket's all-reduce starts at once,
   asynchronously, in bucket order (so every rank issues them in the same order). The hook does
   nothing else: communication overlaps the rest of backward.
-  Overlap needs a core for the communication: where the host has none to spare (every core
-  already runs a rank's compute threads), communication and backward only take turns on the same
-  cores and contend for their caches and memory, and it is cheaper to start the (complete)
-  buckets together when the last gradient is in (``overlap``, decided at construction).
+  With ``overlap=False`` the complete buckets start together, in the same order, when the last
+  gradient is in instead: for hosts with no core to spare for communication, where overlapping
+  only makes backward and the ring take turns on the same cores.
   On a ringreduce group, whose all-reduce averages as it reduces (``ReduceOp.AVG``), copies are
   saved: a large gradient (1 MiB or more, or the only one in its bucket) is reduced in place in
   its parameter's ``.grad``, and the smaller ones of its bucket in the flat buffer, so a bucket
@@ -35,8 +34,6 @@ It works over any process group: ``ringreduce``, ``gloo`` or another.
 from __future__ import annotations
 
 import contextlib
-import os
-import socket
 import time
 import weakref
 from typing import Any, Callable
@@ -140,11 +137,9 @@ class DistributedDataParallel(nn.Module):
     ``state_dict()`` keys carry the ``module.`` prefix, as torch's DDP's do, so checkpoints move
     between the two.
 
-    ringreduce's own: ``overlap`` (True: a bucket's all-reduce starts as soon as its last gradient
-    is in, while backward goes on; False: the complete buckets start together, in order, when
-    backward has produced the last gradient; None, the default: True for modules on an
-    accelerator, and for CPU modules where this host has a core for each rank's communication
-    thread beside its compute threads, ``local ranks x (torch.get_num_threads() + 1) <= CPUs``).
+    ringreduce's own: ``overlap`` (True, the default: a bucket's all-reduce starts as soon as its
+    last gradient is in, while backward goes on; False: the complete buckets start together, in
+    order, when backward has produced the last gradient). Every rank must pass the same value.
     """
 
     def __init__(
@@ -161,7 +156,7 @@ class DistributedDataParallel(nn.Module):
         check_reduction: bool = False,
         gradient_as_bucket_view: bool = False,
         static_graph: bool = False,
-        overlap: bool | None = None,
+        overlap: bool = True,
         **unsupported: Any,
     ):
         super().__init__()
@@ -192,9 +187,8 @@ class DistributedDataParallel(nn.Module):
         self._params = [p for _, p in named]
         self._index_of = {id(p): i for i, p in enumerate(self._params)}
         self._buffers_list = [b for b in module.buffers()]
-        spare = self._check_same_parameters(named)
-        # Every rank starts its buckets the same way: overlap unless some rank has no core to spare.
-        self.overlap = all(spare) if overlap is None else bool(overlap)
+        self._check_same_parameters(named)
+        self.overlap = bool(overlap)
         if init_sync:
             self._broadcast_from_rank0([p.detach() for p in module.parameters()] + self._buffers_list)
 
@@ -237,18 +231,10 @@ class DistributedDataParallel(nn.Module):
 
     # ---- construction ---------------------------------------------------------------
 
-    def _check_same_parameters(self, named) -> list[bool]:
-        """Raises unless every rank has the same parameters. Returns, per rank, whether it has a
-        core to spare for communication (learned in the same exchange; see _spare_core)."""
+    def _check_same_parameters(self, named):
         mine = [(n, tuple(p.shape), str(p.dtype)) for n, p in named]
-        on_host = all(p.device.type == "cpu" for _, p in named)
         everyone = [None] * self._world
-        dist.all_gather_object(everyone, (socket.gethostname(), _usable_cpus(), torch.get_num_threads(),
-                                          on_host, mine), group=self.process_group)
-        hosts = [e[0] for e in everyone]
-        spare = [not host_side or _spare_core(hosts.count(host), cpus, threads)
-                 for host, cpus, threads, host_side, _ in everyone]
-        everyone = [e[-1] for e in everyone]
+        dist.all_gather_object(everyone, mine, group=self.process_group)
         reference = everyone[0]
         for rank, theirs in enumerate(everyone):
             if theirs == reference:
@@ -261,7 +247,6 @@ class DistributedDataParallel(nn.Module):
                         f"ringreduce DistributedDataParallel: rank {self._rank}: the models differ "
                         f"across ranks: parameter #{i} is {_describe(a)} on rank 0 but {_describe(b)} "
                         f"on rank {rank}")
-        return spare
 
     def _broadcast_from_rank0(self, tensors):
         """Rank 0's values into every rank's tensors: a few large broadcasts per dtype."""
@@ -481,20 +466,6 @@ class DistributedDataParallel(nn.Module):
             "completed_before_last_gradient": self._completed_before_last_grad,
             "waited_s": self._waited_s,
         }
-
-
-def _usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-def _spare_core(local_ranks: int, cpus: int, threads: int) -> bool:
-    """Whether a rank's communication can run beside its backward rather than take turns with it:
-    a core for each rank's compute threads and one more for its communication thread. (A module
-    on an accelerator leaves the host's cores to communication: it counts as having one.)"""
-    return local_ranks * (threads + 1) <= cpus
 
 
 def _done(handle) -> bool:

@@ -15,19 +15,12 @@ from test_ddp import (MOVED, STEPS, TOL, _batch, _bf16_compress_hook, _build, _f
                       _train_steps)
 
 # name -> options (as in test_ddp): "ddp" kwargs for both wrappers, "rr_ddp" for ringreduce's
-# only, "hook" per wrapper. Where no "overlap" is given the wrapper decides (on a CI machine, with
-# no core to spare for communication: the buckets start when backward is done), so the main
-# configurations are also run with overlap=True and with overlap=False.
+# only, "hook" per wrapper. The no_overlap ones start the buckets when backward is done.
 CONFIGS = {
     "default": {},
-    "overlap": {"rr_ddp": {"overlap": True}},
     "no_overlap": {"rr_ddp": {"overlap": False}},
-    "overlap_find_unused": {"ddp": {"find_unused_parameters": True}, "rr_ddp": {"overlap": True},
-                            "skip_every": 3},
     "no_overlap_find_unused": {"ddp": {"find_unused_parameters": True}, "rr_ddp": {"overlap": False},
                                "skip_every": 3},
-    "overlap_bucket_view_no_sync": {"ddp": {"gradient_as_bucket_view": True, "bucket_cap_mb": 0.002},
-                                    "rr_ddp": {"overlap": True}, "micro": 2, "min_buckets": 3},
     "no_overlap_bucket_view_no_sync": {"ddp": {"gradient_as_bucket_view": True, "bucket_cap_mb": 0.002},
                                        "rr_ddp": {"overlap": False}, "micro": 2, "min_buckets": 3},
     "small_buckets": {"ddp": {"bucket_cap_mb": 0.002}, "min_buckets": 3},
@@ -131,7 +124,7 @@ def _rank_buckets_and_overlap(ctx):
     # bucket is reduced while backward still works on the heavy one.
     model = nn.Sequential(nn.Linear(512, 1024), nn.Tanh(), nn.Linear(1024, 1024), nn.Tanh(),
                           nn.Linear(1024, 64), nn.Tanh(), nn.Linear(64, 8))
-    ddp = ringreduce.DistributedDataParallel(model, bucket_cap_mb=2, overlap=True)
+    ddp = ringreduce.DistributedDataParallel(model, bucket_cap_mb=2)
     names = ddp.bucket_assignment()
     # Reverse order, small first bucket (1 MiB) then up to 2 MiB.
     flat = [n for bucket in names for n in bucket]
@@ -198,37 +191,6 @@ def _rank_no_overlap(ctx):
 
 def test_no_overlap_starts_buckets_after_the_last_gradient(ranks):
     harness.check_results(ranks(2).run(_rank_no_overlap, timeout=90))
-
-
-def _rank_overlap_decision(ctx, threads, cpus):
-    import torch
-    import torch.nn as nn
-
-    import ringreduce
-    import ringreduce.ddp as rddp
-
-    # This rank's view of its host, put back afterwards: the ranks serve later tests too.
-    saved = rddp._usable_cpus, torch.get_num_threads()
-    rddp._usable_cpus = lambda: cpus
-    torch.set_num_threads(threads[ctx.rank])
-    try:
-        ddp = ringreduce.DistributedDataParallel(nn.Linear(4, 4))
-    finally:
-        rddp._usable_cpus = saved[0]
-        torch.set_num_threads(saved[1])
-    # A core per rank for compute threads plus one for communication, on every rank: overlap.
-    want = all(ctx.world_size * (t + 1) <= cpus for t in threads)
-    if ddp.overlap != want or ddp.overlap_record()["overlap"] != want:
-        return [f"rank {ctx.rank}: overlap={ddp.overlap} with {threads} threads on {cpus} CPUs, "
-                f"expected {want}"], {}
-    return [], {}
-
-
-@pytest.mark.parametrize("threads,cpus", [((1, 1), 64), ((1, 1), 2), ((1, 40), 64), ((3, 3), 8)])
-def test_overlap_is_chosen_alike_on_every_rank(ranks, threads, cpus):
-    """overlap=None: on where every rank of the host has a core to spare for communication,
-    off (on every rank) where any has not."""
-    harness.check_results(ranks(2).run(_rank_overlap_decision, threads, cpus, timeout=90))
 
 
 def _rank_large_and_in_place(ctx):
