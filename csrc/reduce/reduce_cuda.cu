@@ -83,38 +83,22 @@ __device__ __forceinline__ R x86_nan(R x, R y) {
   return default_nan<R>();
 }
 
-__device__ __forceinline__ float add(float x, float y) {
-  const float z = __fadd_rn(x, y);
-  return is_nan(z) ? x86_nan(x, y) : z;
-}
-__device__ __forceinline__ float sub(float x, float y) {
-  const float z = __fsub_rn(x, y);
-  return is_nan(z) ? x86_nan(x, y) : z;
-}
-__device__ __forceinline__ float mul(float x, float y) {
-  const float z = __fmul_rn(x, y);
-  return is_nan(z) ? x86_nan(x, y) : z;
-}
-__device__ __forceinline__ float div(float x, float y) {
-  const float z = __fdiv_rn(x, y);
-  return is_nan(z) ? x86_nan(x, y) : z;
-}
-__device__ __forceinline__ double add(double x, double y) {
-  const double z = __dadd_rn(x, y);
-  return is_nan(z) ? x86_nan(x, y) : z;
-}
-__device__ __forceinline__ double sub(double x, double y) {
-  const double z = __dsub_rn(x, y);
-  return is_nan(z) ? x86_nan(x, y) : z;
-}
-__device__ __forceinline__ double mul(double x, double y) {
-  const double z = __dmul_rn(x, y);
-  return is_nan(z) ? x86_nan(x, y) : z;
-}
-__device__ __forceinline__ double div(double x, double y) {
-  const double z = __ddiv_rn(x, y);
-  return is_nan(z) ? x86_nan(x, y) : z;
-}
+// One arithmetic op, rounded to nearest with no contraction (the explicit _rn intrinsic), whose
+// NaN result is the one x86 gives.
+#define RR_X86_ARITH(T, name, rounded)                       \
+  __device__ __forceinline__ T name(T x, T y) {              \
+    const T z = rounded(x, y);                               \
+    return is_nan(z) ? x86_nan(x, y) : z;                    \
+  }
+RR_X86_ARITH(float, add, __fadd_rn)
+RR_X86_ARITH(float, sub, __fsub_rn)
+RR_X86_ARITH(float, mul, __fmul_rn)
+RR_X86_ARITH(float, div, __fdiv_rn)
+RR_X86_ARITH(double, add, __dadd_rn)
+RR_X86_ARITH(double, sub, __dsub_rn)
+RR_X86_ARITH(double, mul, __dmul_rn)
+RR_X86_ARITH(double, div, __ddiv_rn)
+#undef RR_X86_ARITH
 
 // ---------------------------------------------------------------------------------------------
 // Element kinds (as in reduce_cpu.cpp: Store is what lies in memory, Math what the op runs in)
