@@ -26,6 +26,7 @@ for ringreduce's wrapper the overlap is how much of that communication the step 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import sys
@@ -105,14 +106,23 @@ def _rank(rank, world, store, args):
     # One step's gradients all-reduced alone, per backend.
     comm = {}
     grad = torch.zeros(nparams)
+    # gloo's Work handles of these all-reduces, held until the gloo group is gone (see the end).
+    gloo_works = []
+
+    def all_reduce(group):
+        work = dist.all_reduce(grad, group=group, async_op=True)
+        work.wait()
+        if group is gloo:
+            gloo_works.append(work)
+
     for label, group in (("ringreduce", rr), ("gloo", gloo)):
         for _ in range(2):
-            dist.all_reduce(grad, group=group)
+            all_reduce(group)
         samples = []
         for _ in range(args.rounds):
             dist.barrier(group=gloo)
             t0 = time.perf_counter()
-            dist.all_reduce(grad, group=group)
+            all_reduce(group)
             samples.append(time.perf_counter() - t0)
         comm[label] = statistics.median(samples)
 
@@ -121,10 +131,6 @@ def _rank(rank, world, store, args):
     mine = torch.tensor([statistics.median(times[k]) for k in setups]
                         + [statistics.median(waits[k]) for k in wait_names]
                         + [comm["ringreduce"], comm["gloo"]], dtype=torch.float64)
-    # The last ops go over the ringreduce group: torch's gloo group can deadlock when it is
-    # destroyed (with torch's DDP holding it, when this function returns) while its worker thread
-    # still releases a just-finished op's tensors, which takes the GIL that the destroying thread
-    # holds. A wait on another group lets that release finish first.
     dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=rr)
     # What overlapping did in the last step, from the setup that overlaps.
     record = (default if default.overlap else setups[f"ringreduce DDP, overlap={other}"]).overlap_record()
@@ -135,6 +141,16 @@ def _rank(rank, world, store, args):
                 {"ringreduce": mine[-2].item(), "gloo": mine[-1].item()}, record)
     dist.barrier(group=rr)  # every rank done with every group before any tears one down
     dist.destroy_process_group()
+    # torch's gloo group joins its worker threads when it is destroyed, holding the GIL of the
+    # thread that drops it. A worker that is still releasing its last op then waits for that GIL
+    # when the op held the last reference to a tensor Python also knows (`grad` here): a deadlock
+    # (torch issue 56297; it hung this benchmark in CI). So the gloo group goes first (with torch's
+    # DDP, which holds it, and our names for it) while `gloo_works` still holds those ops, whose
+    # workers then only drop a reference that is not the last; the ops go after, on this thread.
+    setups.clear()
+    del gloo, group
+    gc.collect()  # torch's DDP module may sit in a reference cycle
+    gloo_works.clear()
 
 
 def _report(args, world, nparams, overlap, step, waited, comm, record):
