@@ -35,6 +35,10 @@ constexpr std::chrono::milliseconds kMaxSleep{100};
 constexpr std::chrono::milliseconds kHelloTimeout{5000};
 // At teardown, how long the Bye frames may take to leave.
 constexpr std::chrono::milliseconds kByeTimeout{2000};
+// How long a thread that aborts the group waits for its Abort frames to be on the wire: the caller
+// may end its process as soon as the error reaches it, and a peer that then sees the connection
+// close before the frame would report a crash instead of the reason.
+constexpr std::chrono::milliseconds kAbortFlushTimeout{1000};
 
 size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
 
@@ -921,8 +925,11 @@ void TcpTransport::retire(Conn& c) {
   if (c.closed) return;
   epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c.fd, nullptr);
   shutdown(c.fd, SHUT_RDWR);
-  std::lock_guard<std::mutex> lock(mu_);
-  c.closed = true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    c.closed = true;
+  }
+  cv_.notify_all();  // a wait for this connection's frames to leave ends here
 }
 
 void TcpTransport::conn_failed(Conn& c, const std::string& why) {
@@ -1177,6 +1184,22 @@ void TcpTransport::abort_group(const std::string& why) {
   notify_progress();
   ring_doorbell();
   if (hooks_.on_abort) hooks_.on_abort(why);
+  // The I/O thread sends the frames itself once it returns to its loop; any other thread waits
+  // for them (flush() notifies cv_ after each frame it writes).
+  if (std::this_thread::get_id() == io_.get_id()) return;
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_until(lock, Clock::now() + kAbortFlushTimeout, [this] {
+    for (auto& pr : peers_) {
+      if (!pr) continue;
+      for (Conn* c : pr->conns) {
+        if (c == nullptr || c->closed) continue;
+        for (const Conn::Ctrl& f : c->ctrl) {
+          if (f.type == tcp::FrameType::Abort) return false;
+        }
+      }
+    }
+    return true;
+  });
 }
 
 PeerState TcpTransport::own_state() const {
