@@ -24,6 +24,16 @@ class Kernels {
   virtual void divide(void* dst, const void* src, size_t n, DType t, int64_t divisor) = 0;
   // `streaming`: dst is the caller's output, not read again inside the op (a hint).
   virtual void copy(void* dst, const void* src, size_t bytes, bool streaming) = 0;
+  // reduce(dst, a, b), divide(dst, dst) unless divisor is 1, then copy(out, dst): the last
+  // reduce-scatter step of an all-reduce, whose result goes to the next rank (dst) and to the
+  // output (out, which may be b exactly). The host kernels do it in one pass; these three calls are
+  // the contract, and what kernels without a fused version run.
+  virtual void reduce_and_copy(void* dst, void* out, const void* a, const void* b, size_t n,
+                               DType t, RedOp op, int64_t divisor) {
+    reduce(dst, a, b, n, t, op);
+    if (divisor != 1) divide(dst, dst, n, t, divisor);
+    copy(out, dst, n * dtype_size(t), false);
+  }
 };
 
 // The host kernels of reduce/reduce.h; one instance serves every ring.

@@ -22,6 +22,14 @@ void reduce(void* dst, const void* a, const void* b, size_t n, DType t, RedOp op
 // rejected. dst may be src.
 void divide(void* dst, const void* src, size_t n, DType t, int64_t divisor);
 
+// The last reduce-scatter step of an all-reduce in one pass: dst[i] = out[i] = a[i] op b[i], then
+// divided by `divisor` unless it is 1 (AVG). Each element is rounded to t after the op and again
+// after the division, so the result is bit for bit that of reduce(), divide() and copy() in turn,
+// without reading dst back twice. b may be out exactly (an in-place all-reduce); no other pair of
+// the four buffers may overlap.
+void reduce_and_copy(void* dst, void* out, const void* a, const void* b, size_t n, DType t, RedOp op,
+                     int64_t divisor);
+
 // dst[i] = src[i] * factor (PREMUL_SUM's pre-scaling). Floating and complex types only.
 void scale(void* dst, const void* src, size_t n, DType t, double factor);
 

@@ -307,6 +307,36 @@ RR_CLONES void map_inplace(typename K::Store* __restrict__ buf, size_t n, F f) {
   for (size_t i = 0; i < n; ++i) buf[i] = K::store(f(K::load(buf[i])));
 }
 
+// The last reduce-scatter step of an all-reduce (reduce_and_copy): r = f(a[i] op b[i]), rounded to
+// the stored type after the op and again after f, as reduce() then divide() would, and stored twice.
+template <class K, class Op, class F>
+RR_CLONES void reduce_map_twice(typename K::Store* __restrict__ dst, typename K::Store* __restrict__ out,
+                                const typename K::Store* __restrict__ a,
+                                const typename K::Store* __restrict__ b, size_t n, F f) {
+  for (size_t i = 0; i < n; ++i) {
+    const auto r = K::store(f(K::load(K::store(Op::apply(K::load(a[i]), K::load(b[i]))))));
+    dst[i] = r;
+    out[i] = r;
+  }
+}
+
+// The same with out == b (an in-place all-reduce): each element of b is read before it is written.
+template <class K, class Op, class F>
+RR_CLONES void reduce_map_twice_into(typename K::Store* __restrict__ dst,
+                                     typename K::Store* __restrict__ acc,
+                                     const typename K::Store* __restrict__ a, size_t n, F f) {
+  for (size_t i = 0; i < n; ++i) {
+    const auto r = K::store(f(K::load(K::store(Op::apply(K::load(a[i]), K::load(acc[i]))))));
+    dst[i] = r;
+    acc[i] = r;
+  }
+}
+
+struct Identity {
+  template <class M>
+  M operator()(M x) const { return x; }
+};
+
 // Elements per stage of the fp16/bf16 path: two fp32 blocks of 2 KiB stay in L1 beside the
 // caller's data, and the per-block overhead (a few calls) is spread over 512 elements.
 constexpr size_t kStageElems = 512;
@@ -359,6 +389,37 @@ void map(void* dst, const void* src, size_t n, F f) {
   }
 }
 
+template <class K, class Op, class F>
+void run_reduce_and_copy(void* dst, void* out, const void* a, const void* b, size_t n, F f) {
+  using S = typename K::Store;
+  auto* d = static_cast<S*>(dst);
+  auto* o = static_cast<S*>(out);
+  const auto* x = static_cast<const S*>(a);
+  const auto* y = static_cast<const S*>(b);
+  if constexpr (kStaged<K>) {
+    // Block by block, as reduce() and divide() would round them, while the block is in L1.
+    alignas(64) float u[kStageElems];
+    alignas(64) float v[kStageElems];
+    for (size_t i = 0; i < n; i += kStageElems) {
+      const size_t m = std::min(kStageElems, n - i);
+      K::widen(u, x + i, m);
+      K::widen(v, y + i, m);  // before o + i is written, which may be y + i
+      reduce_into<Native<float>, Op, true>(u, v, m);
+      K::narrow(d + i, u, m);
+      if constexpr (!std::is_same_v<F, Identity>) {
+        K::widen(u, d + i, m);
+        map_inplace<Native<float>>(u, m, f);
+        K::narrow(d + i, u, m);
+      }
+      std::memcpy(o + i, d + i, m * sizeof(S));
+    }
+  } else if (o == y) {
+    reduce_map_twice_into<K, Op>(d, o, x, n, f);
+  } else {
+    reduce_map_twice<K, Op>(d, o, x, y, n, f);
+  }
+}
+
 // Element maps. Floating kinds divide and scale in their Math type (fp32 for fp16/bf16).
 template <class M>
 struct DivideBy {
@@ -385,6 +446,23 @@ template <class M>
 struct IntNegate {
   M operator()(M x) const { return static_cast<M>(Wide<M>(0) - Wide<M>(x)); }
 };
+
+// Calls g with the map that divides kind K's elements by `divisor` (not bool's).
+template <class K, class G>
+void with_divider(int64_t divisor, G&& g) {
+  using M = typename K::Math;
+  if constexpr (kIsBool<M>) {
+    // divide() and reduce_and_copy() reject bool before they get here.
+  } else if constexpr (kIsInt<M>) {
+    if (divisor == -1) g(IntNegate<M>{});
+    else g(IntDivideBy<M>{divisor});
+  } else if constexpr (IsComplex<M>::value) {
+    using R = decltype(M::re);
+    g(DivideBy<M>{static_cast<R>(divisor)});
+  } else {
+    g(DivideBy<M>{static_cast<M>(divisor)});
+  }
+}
 
 template <class M>
 struct ScaleBy {
@@ -444,6 +522,15 @@ void check_no_partial_overlap(const char* what, const void* x, const void* y, si
            y, ", ", bytes, " bytes)");
 }
 
+// For buffers that must not share a byte, not even by being the same buffer.
+void check_disjoint(const char* what, const void* x, const void* y, size_t bytes, DType t) {
+  const auto px = reinterpret_cast<uintptr_t>(x);
+  const auto py = reinterpret_cast<uintptr_t>(y);
+  RR_CHECK(px + bytes <= py || py + bytes <= px, "ringreduce ", what, " (", dtype_name(t),
+           "): an output overlaps a buffer it must not share (", x, " and ", y, ", ", bytes,
+           " bytes)");
+}
+
 }  // namespace
 
 void reduce(void* dst, const void* a, const void* b, size_t n, DType t, RedOp op) {
@@ -484,18 +571,44 @@ void divide(void* dst, const void* src, size_t n, DType t, int64_t divisor) {
 
   with_kind(t, "divide", [&](auto kind) {
     using K = decltype(kind);
-    using M = typename K::Math;
-    if constexpr (kIsBool<M>) {
-      // Rejected above; Bool only reaches here through the generic lambda.
-    } else if constexpr (kIsInt<M>) {
-      if (divisor == -1) map<K>(dst, src, n, IntNegate<M>{});
-      else map<K>(dst, src, n, IntDivideBy<M>{divisor});
-    } else if constexpr (IsComplex<M>::value) {
-      using R = decltype(M::re);
-      map<K>(dst, src, n, DivideBy<M>{static_cast<R>(divisor)});
-    } else {
-      map<K>(dst, src, n, DivideBy<M>{static_cast<M>(divisor)});
-    }
+    with_divider<K>(divisor, [&](auto f) { map<K>(dst, src, n, f); });
+  });
+}
+
+void reduce_and_copy(void* dst, void* out, const void* a, const void* b, size_t n, DType t,
+                     RedOp op, int64_t divisor) {
+  if (const char* why = unsupported_reason(t, op)) {
+    throw Error(detail::cat("ringreduce reduce_and_copy: ", redop_name(op), " is not supported on ",
+                            dtype_name(t), ": ", why));
+  }
+  RR_CHECK(divisor == 1 || t != DType::Bool, "ringreduce reduce_and_copy: bool tensors cannot be "
+                                             "divided (an average of bools is not a bool)");
+  RR_CHECK(divisor != 0, "ringreduce reduce_and_copy (", dtype_name(t), "): divisor is zero");
+  if (n == 0) return;
+  RR_CHECK(dst && out && a && b, "ringreduce reduce_and_copy (", redop_name(op), ", ",
+           dtype_name(t), "): null buffer for ", n, " elements");
+  const size_t bytes = n * dtype_size(t);
+  check_disjoint("reduce_and_copy", dst, a, bytes, t);
+  check_disjoint("reduce_and_copy", dst, b, bytes, t);
+  check_disjoint("reduce_and_copy", dst, out, bytes, t);
+  check_disjoint("reduce_and_copy", out, a, bytes, t);
+  check_no_partial_overlap("reduce_and_copy", out, b, bytes, t);
+
+  with_kind(t, "reduce_and_copy", [&](auto kind) {
+    using K = decltype(kind);
+    with_op(op, [&](auto op_tag) {
+      using Op = decltype(op_tag);
+      if constexpr (supported<K, Op>()) {
+        if (divisor == 1) {
+          run_reduce_and_copy<K, Op>(dst, out, a, b, n, Identity{});
+        } else {
+          with_divider<K>(divisor, [&](auto f) { run_reduce_and_copy<K, Op>(dst, out, a, b, n, f); });
+        }
+      } else {
+        throw Error(detail::cat("ringreduce reduce_and_copy: internal error: no kernel for ",
+                                redop_name(op), " on ", dtype_name(t)));
+      }
+    });
   });
 }
 
@@ -600,6 +713,10 @@ class CpuKernels final : public Kernels {
   }
   void copy(void* dst, const void* src, size_t bytes, bool streaming) override {
     ringreduce::copy(dst, src, bytes, streaming);
+  }
+  void reduce_and_copy(void* dst, void* out, const void* a, const void* b, size_t n, DType t,
+                       RedOp op, int64_t divisor) override {
+    ringreduce::reduce_and_copy(dst, out, a, b, n, t, op, divisor);
   }
 };
 

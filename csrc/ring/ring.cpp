@@ -215,14 +215,14 @@ void Ring::allreduce(const void* in_ptr, void* out_ptr, size_t count, DType t, R
   });
   for (size_t j = 0; j < p.nslices; ++j) {
     // The last reduce-scatter step is fused with the first all-gather step: the result is
-    // computed into the outgoing slot (in cache), sent on, and copied to our output.
+    // computed into the outgoing slot (in cache) and our output in one pass (divided there for
+    // AVG), and sent on.
     reduce_scatter_slice(p, j, in, t, op, fp, ctx, dl,
                          [&](const Span& sp, const void* partial, const uint8_t* mine) {
                            void* dst = t_.send_begin(next, ctx, dl);
                            if (sp.len) {
-                             k_.reduce(dst, partial, mine, sp.len, t, op);
-                             if (divisor != 1) k_.divide(dst, dst, sp.len, t, divisor);
-                             k_.copy(out.at(rank_) + sp.offset * es, dst, sp.len * es, p.streaming);
+                             k_.reduce_and_copy(dst, out.at(rank_) + sp.offset * es, partial, mine,
+                                                sp.len, t, op, divisor);
                            }
                            send_done(next, fp, sp.len * es);
                          });

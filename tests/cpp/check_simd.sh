@@ -61,4 +61,16 @@ if [ "$expect_avx2" = "expect-avx2" ]; then
   fi
   echo "check_simd: $ymm 256-bit vaddps (ymm) in the AVX2 clones"
 fi
+# The same for the all-reduce's last reduce-scatter step (reduce_map_twice[_into], fp32 sum, with
+# and without AVG's division): it runs on half of every all-reduced byte.
+fused=$(awk '
+  /^[0-9a-f]+ <.*>:$/ { keep = ($0 ~ /reduce_map_twice/ && $0 ~ /Native<float>, [^>]*OpSum/); next }
+  keep && NF { print }
+' "$dis")
+fused_packed=$(printf '%s\n' "$fused" | grep -cE '[[:space:]]v?addps[[:space:]]' || true)
+if [ "$fused_packed" -eq 0 ]; then
+  echo "check_simd: FAIL: the fused fp32 sum kernels (reduce_map_twice) contain no packed add"
+  exit 1
+fi
+echo "check_simd: $fused_packed packed fp32 adds in the fused fp32 sum kernels"
 echo "check_simd: OK"

@@ -665,6 +665,67 @@ RR_TEST(reduce_all_dtypes_ops_counts_alignments_aliasing) {
   RR_EXPECT(cases > 3000, "ran ", cases, " cases");
 }
 
+// reduce_and_copy is defined as reduce(), divide() (unless the divisor is 1) and copy() in turn,
+// which the tests above check against the references: it must give the same bytes in both outputs.
+RR_TEST(reduce_and_copy_is_reduce_divide_copy_bit_for_bit) {
+  Rng g(777);
+  size_t cases = 0;
+  for (DType t : kAllTypes) {
+    const size_t es = dtype_size(t);
+    for (RedOp op : kAllOps) {
+      if (!supported(t, op)) continue;
+      for (int64_t dv : {int64_t(1), int64_t(2), int64_t(3), int64_t(-1), int64_t(7)}) {
+        if (t == DType::Bool && dv != 1) continue;
+        for (size_t n : kCounts) {
+          for (int out_is_b = 0; out_is_b < 2; ++out_is_b) {
+            const size_t bytes = n * es;
+            GuardedBuffer A(bytes, es), B(bytes, es), D(bytes, es), O(bytes, es);
+            fill_random(t, A.data(), n, g);
+            fill_random(t, B.data(), n, g);
+            const std::vector<unsigned char> a0(A.data(), A.data() + bytes);
+            const std::vector<unsigned char> b0(B.data(), B.data() + bytes);
+            // The reference: the three calls, on copies.
+            std::vector<unsigned char> want(bytes + 1);
+            if (n > 0) {
+              reduce(want.data(), a0.data(), b0.data(), n, t, op);
+              if (dv != 1) divide(want.data(), want.data(), n, t, dv);
+            }
+            void* out = out_is_b ? B.data() : O.data();
+            reduce_and_copy(D.data(), out, A.data(), B.data(), n, t, op, dv);
+            ++cases;
+            const std::string what = rrtest::message(dtype_name(t), " ", redop_name(op), " / ", dv,
+                                                     " n=", n, out_is_b ? " out=b" : "");
+            if (n > 0) {
+              RR_EXPECT(std::memcmp(D.data(), want.data(), bytes) == 0, what, ": dst differs");
+              RR_EXPECT(std::memcmp(out, want.data(), bytes) == 0, what, ": out differs");
+              RR_EXPECT(std::memcmp(A.data(), a0.data(), bytes) == 0, what, ": a modified");
+              if (!out_is_b) RR_EXPECT(std::memcmp(B.data(), b0.data(), bytes) == 0, what, ": b modified");
+            }
+            RR_EXPECT(A.guards_intact() && B.guards_intact() && D.guards_intact() &&
+                          O.guards_intact(), what, ": wrote outside a buffer");
+          }
+        }
+      }
+    }
+  }
+  RR_EXPECT(cases > 1000, "ran ", cases, " cases");
+}
+
+RR_TEST(reduce_and_copy_rejects_shared_buffers_and_bad_arguments) {
+  float a[64] = {}, b[64] = {}, d[64] = {}, o[64] = {};
+  reduce_and_copy(d, b, a, b, 32, DType::Float32, RedOp::Sum, 2);  // out == b: an in-place op
+  RR_EXPECT_THROWS(reduce_and_copy(d, d, a, b, 32, DType::Float32, RedOp::Sum, 1), "overlaps");
+  RR_EXPECT_THROWS(reduce_and_copy(a, o, a, b, 32, DType::Float32, RedOp::Sum, 1), "overlaps");
+  RR_EXPECT_THROWS(reduce_and_copy(d, a, a, b, 32, DType::Float32, RedOp::Sum, 1), "overlaps");
+  RR_EXPECT_THROWS(reduce_and_copy(d, b + 1, a, b, 32, DType::Float32, RedOp::Sum, 1), "overlap");
+  RR_EXPECT_THROWS(reduce_and_copy(d, o, a, b, 32, DType::Float32, RedOp::Sum, 0), "divisor is zero");
+  RR_EXPECT_THROWS(reduce_and_copy(d, o, a, b, 32, DType::Bool, RedOp::Max, 2), "bool");
+  EXPECT_ERROR_NAMING(reduce_and_copy(d, o, a, b, 4, DType::Float32, RedOp::BAnd, 1), "float32",
+                      "band");
+  RR_EXPECT_THROWS(reduce_and_copy(nullptr, o, a, b, 32, DType::Float32, RedOp::Sum, 1), "null");
+  reduce_and_copy(nullptr, nullptr, nullptr, nullptr, 0, DType::Float32, RedOp::Sum, 1);
+}
+
 RR_TEST(reduce_unsupported_throws_naming_dtype_and_op) {
   float buf[8] = {};
   for (DType t : kAllTypes) {
