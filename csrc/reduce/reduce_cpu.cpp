@@ -511,6 +511,24 @@ void with_op(RedOp op, F&& f) {
   throw Error(detail::cat("ringreduce reduce: unknown op tag ", static_cast<unsigned>(op)));
 }
 
+// Calls f(kind, op) with the kernel kind of t and the tag of op, which unsupported_reason() has
+// accepted; a combination the kernels cannot compile (the two lists disagree) throws.
+template <class F>
+void with_kind_and_op(DType t, RedOp op, const char* what, F&& f) {
+  with_kind(t, what, [&](auto kind) {
+    using K = decltype(kind);
+    with_op(op, [&](auto op_tag) {
+      using Op = decltype(op_tag);
+      if constexpr (supported<K, Op>()) {
+        f(kind, op_tag);
+      } else {
+        throw Error(detail::cat("ringreduce ", what, ": internal error: no kernel for ",
+                                redop_name(op), " on ", dtype_name(t)));
+      }
+    });
+  });
+}
+
 // The kernels' restrict loops are only correct for exact aliasing or none; a partial overlap is a
 // caller bug that would silently produce garbage, and the check costs two compares per call.
 void check_no_partial_overlap(const char* what, const void* x, const void* y, size_t bytes,
@@ -545,18 +563,8 @@ void reduce(void* dst, const void* a, const void* b, size_t n, DType t, RedOp op
   check_no_partial_overlap("reduce", dst, a, bytes, t);
   check_no_partial_overlap("reduce", dst, b, bytes, t);
 
-  with_kind(t, "reduce", [&](auto kind) {
-    using K = decltype(kind);
-    with_op(op, [&](auto op_tag) {
-      using Op = decltype(op_tag);
-      if constexpr (supported<K, Op>()) {
-        run_reduce<K, Op>(dst, a, b, n);
-      } else {
-        // unsupported_reason() said yes but the kernels say no: the two lists disagree.
-        throw Error(detail::cat("ringreduce reduce: internal error: no kernel for ",
-                                redop_name(op), " on ", dtype_name(t)));
-      }
-    });
+  with_kind_and_op(t, op, "reduce", [&](auto kind, auto op_tag) {
+    run_reduce<decltype(kind), decltype(op_tag)>(dst, a, b, n);
   });
 }
 
@@ -594,21 +602,14 @@ void reduce_and_copy(void* dst, void* out, const void* a, const void* b, size_t 
   check_disjoint("reduce_and_copy", out, a, bytes, t);
   check_no_partial_overlap("reduce_and_copy", out, b, bytes, t);
 
-  with_kind(t, "reduce_and_copy", [&](auto kind) {
+  with_kind_and_op(t, op, "reduce_and_copy", [&](auto kind, auto op_tag) {
     using K = decltype(kind);
-    with_op(op, [&](auto op_tag) {
-      using Op = decltype(op_tag);
-      if constexpr (supported<K, Op>()) {
-        if (divisor == 1) {
-          run_reduce_and_copy<K, Op>(dst, out, a, b, n, Identity{});
-        } else {
-          with_divider<K>(divisor, [&](auto f) { run_reduce_and_copy<K, Op>(dst, out, a, b, n, f); });
-        }
-      } else {
-        throw Error(detail::cat("ringreduce reduce_and_copy: internal error: no kernel for ",
-                                redop_name(op), " on ", dtype_name(t)));
-      }
-    });
+    using Op = decltype(op_tag);
+    if (divisor == 1) {
+      run_reduce_and_copy<K, Op>(dst, out, a, b, n, Identity{});
+    } else {
+      with_divider<K>(divisor, [&](auto f) { run_reduce_and_copy<K, Op>(dst, out, a, b, n, f); });
+    }
   });
 }
 
