@@ -24,6 +24,9 @@ How an iteration runs:
   its parameter's ``.grad``, and the smaller ones of its bucket in the flat buffer, so a bucket
   may take a few all-reduces; and with ``gradient_as_bucket_view`` the gradients, which autograd
   accumulated into the buckets themselves, are not scaled in place beforehand.
+  With ``gradient_as_bucket_view``, after ``zero_grad(set_to_none=True)`` (torch's default) autograd
+  hands over new gradient tensors: a bucket that holds one parameter adopts that tensor's memory
+  as its buffer instead of copying the gradient in.
 * the end of backward (a callback queued on the autograd engine): waits for the buckets'
   all-reduces and writes the averages to the parameters' ``.grad`` (or leaves ``.grad`` as views of
   the buckets with ``gradient_as_bucket_view``).

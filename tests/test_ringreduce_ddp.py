@@ -31,6 +31,9 @@ CONFIGS = {
                             "min_buckets": 3},
     "grad_as_bucket_view_no_sync": {"ddp": {"gradient_as_bucket_view": True}, "micro": 3,
                                     "set_to_none": True},
+    # zero_grad() as torch's default: one-parameter buckets adopt the new gradients
+    "grad_as_bucket_view_set_to_none": {"ddp": {"gradient_as_bucket_view": True, "bucket_cap_mb": 0.002},
+                                        "set_to_none": True, "min_buckets": 3},
     "batchnorm": {"batchnorm": True},
     "fp16_hook": {"hook": "fp16", "tol": "fp16_hook"},
     "bf16_hook": {"hook": "bf16", "tol": "bf16_hook"},
@@ -262,6 +265,69 @@ def _rank_large_and_in_place(ctx):
 
 def test_large_gradients_and_in_place_buckets(ranks):
     harness.check_results(ranks(2).run(_rank_large_and_in_place, timeout=120))
+
+
+def _rank_views_after_set_to_none(ctx):
+    """gradient_as_bucket_view with zero_grad(set_to_none=True), torch's default: each step the
+    gradients are averaged and are the buckets' memory again; a one-parameter bucket adopts the
+    gradient autograd handed over instead of copying it in, so a .grad kept from the step before
+    keeps its values."""
+    import copy
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    import ringreduce
+
+    failures = []
+    torch.manual_seed(3)
+    # With 256 KB buckets: the last layer and fc2's bias share one, and fc2's weight (614 KB),
+    # fc1's bias and fc1's weight (524 KB) have one each.
+    base = nn.Sequential(nn.Linear(256, 512), nn.Tanh(), nn.Linear(512, 300), nn.Tanh(),
+                         nn.Linear(300, 8))
+    groups = {ctx.backend: dist.group.WORLD}
+    if ctx.backend != "gloo":
+        groups["gloo"] = dist.new_group(backend="gloo")  # no AVG: gradients scaled on the way in
+    for label, group in groups.items():
+        model = copy.deepcopy(base)
+        ddp = ringreduce.DistributedDataParallel(model, process_group=group, bucket_cap_mb=0.25,
+                                                 gradient_as_bucket_view=True)
+        buckets = ddp._buckets
+        params = list(model.named_parameters())
+        alone = [len(buckets.params_of(buckets.bucket_of(i))) == 1 for i in range(len(params))]
+        if sum(alone) != 3 or all(alone):
+            failures.append(f"{label}: expected 3 one-parameter buckets and a shared one: "
+                            f"{ddp.bucket_assignment()}")
+        kept = None
+        for step in range(3):
+            model.zero_grad(set_to_none=True)
+            xs = [torch.randn(32, 256, generator=ctx.gen("x", label, step, rank=q))
+                  for q in range(ctx.world_size)]
+            F.mse_loss(ddp(xs[ctx.rank]), torch.zeros(32, 8)).backward()
+            reference = copy.deepcopy(base)
+            (sum(F.mse_loss(reference(x), torch.zeros(32, 8)) for x in xs) / ctx.world_size).backward()
+            tag = f"{label} group, step {step}"
+            for i, ((n, p), q) in enumerate(zip(params, reference.parameters())):
+                if not torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-7):
+                    failures.append(f"{tag}: {n}.grad differs from the single-process average "
+                                    f"(max diff {(p.grad - q.grad).abs().max().item():.3g})")
+                buf = buckets.buffer(buckets.bucket_of(i))
+                lo, hi = buf.data_ptr(), buf.data_ptr() + buf.numel() * buf.element_size()
+                if not (lo <= p.grad.data_ptr() < hi) or p.grad.data_ptr() != buckets.view(i).data_ptr():
+                    failures.append(f"{tag}: {n}.grad is not its view of bucket {buckets.bucket_of(i)}")
+            if kept is not None:
+                for i, (n, _) in enumerate(params):
+                    tensor, values = kept[i]
+                    if alone[i] and not torch.equal(tensor, values):
+                        failures.append(f"{tag}: the {n}.grad kept from step {step - 1} was overwritten")
+            kept = [(p.grad, p.grad.clone()) for _, p in params]
+    return failures, {}
+
+
+def test_bucket_views_after_zero_grad_set_to_none(ranks):
+    harness.check_results(ranks(2).run(_rank_views_after_set_to_none, timeout=90))
 
 
 def _rank_unused_and_errors(ctx):

@@ -205,7 +205,17 @@ std::vector<int64_t> Buckets::mark_ready(int64_t p, bool grad_as_view) {
   }
   // A solo segment is averaged in the reduction, so its gradient goes in unscaled.
   const double scale = solo_avg ? 1.0 : scale_;
-  if (!grad.defined()) {
+  if (grad_as_view && b.params.size() == 1 && grad.defined() && !grad.is_same(view) &&
+      grad.layout() == at::kStrided && grad.is_contiguous() && grad.sizes() == view.sizes() &&
+      grad.scalar_type() == view.scalar_type() && grad.device() == view.device()) {
+    // A one-parameter bucket adopts a gradient that is not its view (autograd hands over a new
+    // tensor after zero_grad(set_to_none=True), torch's default): the gradient's memory becomes
+    // the bucket's buffer, so .grad is the bucket's view again without copying it in. Measured
+    // on the 25M-parameter benchmark, whose 67 MB weight has a bucket of its own: a copy of it per
+    // step. The old buffer is released with its last reference.
+    set_buffer(bucket_of_[p], grad.view({-1}));
+    if (scale != 1.0) view.mul_(scale);
+  } else if (!grad.defined()) {
     view.zero_();
   } else if (grad.is_same(view)) {
     // Already the bucket's view (gradient_as_bucket_view): scale in place.

@@ -58,7 +58,9 @@ class Buckets {
   // that may start now (those holding only unused parameters).
   std::vector<int64_t> prepare(double scale, const std::vector<int64_t>& unused, bool solo_in_place);
   // Parameter p's gradient is final for this iteration. With `grad_as_view` the parameter's .grad
-  // becomes its view of the bucket (and stays one). Throws if p was already ready.
+  // becomes its view of the bucket (and stays one); a one-parameter bucket whose gradient is not
+  // its view (after zero_grad(set_to_none=True)) takes that gradient's memory as its buffer
+  // rather than copying it in. Throws if p was already ready.
   std::vector<int64_t> mark_ready(int64_t p, bool grad_as_view);
   // Parameter p gets no gradient in this iteration: its view is zeroed and it counts as ready.
   std::vector<int64_t> mark_unused(int64_t p);
