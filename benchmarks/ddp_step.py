@@ -16,6 +16,14 @@ alike:
   torch DDP / gloo torch.nn.parallel.DistributedDataParallel on a gloo group
   no comm          the bare model: forward, backward and step, with no communication at all
                    (every rank still computes at once, so it shares the cores as the others do)
+  no comm, in step the same, with a barrier before each step: the ranks then run the same phase
+                   at the same time, as they do under DDP (whose all-reduces end together), so
+                   their memory-bound phases (zeroing, the step, the page faults of new
+                   gradients) compete; unsynchronised ranks drift apart and take turns instead
+
+Gradients are zeroed as ``optimizer.zero_grad()`` does by default (set to None, so autograd hands
+over new tensors each step); ``--zero-grad zeros`` keeps them and writes zeros instead (then
+autograd adds into them, and ``gradient_as_bucket_view`` needs no copy at all).
 
 A step is forward + backward + optimizer step; its time is the slowest rank's mean. The all-
 reduce of one step's gradients (one tensor of the same size) is timed alone on each backend, and
@@ -72,6 +80,7 @@ def _rank(rank, world, store, args):
         "torch DDP / rr": TorchDDP(_model(args, 0), process_group=rr, bucket_cap_mb=args.bucket_mb),
         "torch DDP / gloo": TorchDDP(_model(args, 0), process_group=gloo, bucket_cap_mb=args.bucket_mb),
         "no comm": _model(args, 0),
+        "no comm, in step": _model(args, 0),
     }
     opts = {k: torch.optim.SGD(v.parameters(), lr=1e-3) for k, v in setups.items()}
 
@@ -79,9 +88,13 @@ def _rank(rank, world, store, args):
     x = torch.randn(args.batch, args.width_in, generator=g)
     y = torch.randn(args.batch, args.width_in, generator=g)
 
+    set_to_none = args.zero_grad == "none"
+
     def step(name):
         model, opt = setups[name], opts[name]
-        opt.zero_grad(set_to_none=False)
+        if name == "no comm, in step":
+            dist.barrier(group=rr)
+        opt.zero_grad(set_to_none=set_to_none)
         F.mse_loss(model(x), y).backward()
         opt.step()
 
@@ -157,19 +170,20 @@ def _report(args, world, nparams, overlap, step, waited, comm, record):
     base = step["torch DDP / gloo"]
     print(f"# {world} ranks, MLP {args.width_in}-{args.hidden}-{args.hidden}-{args.width_in}: "
           f"{nparams / 1e6:.1f}M parameters ({nparams * 4 / 1e6:.0f} MB of fp32 gradients), batch "
-          f"{args.batch} per rank, {args.threads} thread(s) per rank, buckets of {args.bucket_mb:g} MB")
+          f"{args.batch} per rank, {args.threads} thread(s) per rank, buckets of {args.bucket_mb:g} MB, "
+          f"gradients zeroed with zero_grad(set_to_none={args.zero_grad == 'none'})")
     print(f"# step = forward + backward + SGD step; slowest rank's median of {args.rounds} rounds x "
           f"{args.steps} steps; setups interleaved round by round, in an order rotated each round")
     print(f"# all-reduce of one step's gradients alone: ringreduce {comm['ringreduce'] * 1e3:.1f} ms, "
           f"gloo {comm['gloo'] * 1e3:.1f} ms")
-    print("# overhead = step - no comm (copies into and out of buckets, communication, and the cores "
-          "they take from backward); comm hidden = 1 - (wait at the end of backward) / (all-reduce "
+    print("# overhead = step - no comm (copies into and out of buckets, communication, the cores "
+          "they take from backward, and ranks stepping in lockstep); comm hidden = 1 - (wait at the end of backward) / (all-reduce "
           "alone), known for ringreduce's wrapper only")
     print(f"{'setup':<29} {'step(ms)':>9} {'samples/s':>10} {'vs torch DDP/gloo':>18} "
           f"{'overhead(ms)':>13} {'comm hidden':>12}")
     for name, t in step.items():
         thru = world * args.batch / t
-        overhead = f"{(t - step['no comm']) * 1e3:.1f}" if name != "no comm" else "-"
+        overhead = f"{(t - step['no comm']) * 1e3:.1f}" if not name.startswith("no comm") else "-"
         hidden = "-"
         if name in waited:
             hidden = f"{100 * max(0.0, 1 - waited[name] / comm['ringreduce']):.0f}%"
@@ -182,6 +196,10 @@ def _report(args, world, nparams, overlap, step, waited, comm, record):
     gain = step[other] - step["ringreduce DDP"]
     print(f"# overlap: ringreduce DDP's step (overlap={overlap}) is {abs(gain) * 1e3:.1f} ms "
           f"{'shorter' if gain >= 0 else 'longer'} than with overlap={not overlap}")
+    lockstep = step["no comm, in step"] - step["no comm"]
+    print(f"# lockstep: the bare model with a barrier before each step is {abs(lockstep) * 1e3:.1f} ms "
+          f"{'slower' if lockstep >= 0 else 'faster'} than without: what stepping together does to a step "
+          "before any communication")
     starts = record["ready_when_started"]
     print(f"# last overlapped ringreduce DDP step: {len(starts)} buckets; gradients ready when each started: "
           f"{starts} of {record['params']}; all-reduces done before the last gradient: "
@@ -198,6 +216,9 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--bucket-mb", type=float, default=25.0)
+    parser.add_argument("--zero-grad", choices=("none", "zeros"), default="none",
+                        help="none: zero_grad() as torch's default (gradients set to None); zeros: "
+                        "zero_grad(set_to_none=False)")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads per rank (default: the CPUs divided among the ranks)")
     parser.add_argument("--timeout", type=float, default=1200)

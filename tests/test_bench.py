@@ -425,19 +425,25 @@ def test_bench_plot(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_ddp_step_benchmark_runs(backend):
-    """benchmarks/ddp_step.py end to end on a small model: every setup timed, the target line."""
+@pytest.mark.parametrize("zero_grad", ["none", "zeros"])
+def test_ddp_step_benchmark_runs(backend, zero_grad):
+    """benchmarks/ddp_step.py end to end on a small model: every setup timed, the target line,
+    with gradients set to None between steps (torch's default) and zeroed in place."""
     if backend != "ringreduce":
         pytest.skip("the DDP benchmark compares ringreduce with gloo; nothing to stand in for")
     p = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "ddp_step.py"), "--hidden", "256",
                         "--width-in", "64", "--batch", "4", "--steps", "1", "--rounds", "2", "--warmup", "1",
+                        "--zero-grad", zero_grad,
                         # A rank still running at its deadline prints every thread's stack.
                         "--timeout", "200"],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, f"stdout:\n{p.stdout[-3000:]}\nstderr:\n{p.stderr[-6000:]}"
+    assert f"zero_grad(set_to_none={zero_grad == 'none'})" in p.stdout, p.stdout
     for setup in (r"ringreduce DDP ", r"ringreduce DDP, views", r"ringreduce DDP, overlap=(True|False)",
-                  r"torch DDP / rr", r"torch DDP / gloo", r"no comm"):
+                  r"torch DDP / rr", r"torch DDP / gloo", r"no comm ", r"no comm, in step"):
         assert re.search(rf"^{setup}\s+[\d.]+\s+\d+\s+[\d.]+x", p.stdout, re.M), p.stdout
+    assert re.search(r"lockstep: the bare model with a barrier before each step is [\d.]+ ms "
+                     r"(slower|faster) than without", p.stdout), p.stdout
     assert re.search(r"ringreduce DDP: step = [\d.]+x torch DDP on gloo", p.stdout), p.stdout
     assert re.search(r"overlap: ringreduce DDP's step \(overlap=True\) is [\d.]+ ms (shorter|longer) than "
                      r"with overlap=False", p.stdout), p.stdout
