@@ -4,7 +4,7 @@
     python benchmarks/ddp_step.py -g 4 --batch 16
 
 Every rank trains the same MLP (1024 -> 4096 -> 4096 -> 1024 by default: 25.2M parameters,
-100 MB of fp32 gradients per step) with SGD, in six ways, measured in the same run and
+100 MB of fp32 gradients per step) with SGD, in seven ways, measured in the same run and
 interleaved round by round (in an order rotated each round) so that a noisy neighbour hits them
 alike:
 
