@@ -4,7 +4,7 @@
     python benchmarks/ddp_step.py -g 4 --batch 16
 
 Every rank trains the same MLP (1024 -> 4096 -> 4096 -> 1024 by default: 25.2M parameters,
-100 MB of fp32 gradients per step) with SGD, in seven ways, measured in the same run and
+100 MB of fp32 gradients per step) with SGD, in eight ways, measured in the same run and
 interleaved round by round (in an order rotated each round) so that a noisy neighbour hits them
 alike:
 
@@ -20,6 +20,10 @@ alike:
                    at the same time, as they do under DDP (whose all-reduces end together), so
                    their memory-bound phases (zeroing, the step, the page faults of new
                    gradients) compete; unsynchronised ranks drift apart and take turns instead
+  bare + all-reduce the bare model, whose gradients are all-reduced (averaged, on the ringreduce
+                   group, one op per gradient, last layer first) after backward and before the
+                   step: no buckets, no hooks, no copies, no overlap; what the all-reduces cost
+                   a step with no wrapper at all
 
 Gradients are zeroed as ``optimizer.zero_grad()`` does by default (set to None, so autograd hands
 over new tensors each step); ``--zero-grad zeros`` keeps them and writes zeros instead (then
@@ -81,6 +85,7 @@ def _rank(rank, world, store, args):
         "torch DDP / gloo": TorchDDP(_model(args, 0), process_group=gloo, bucket_cap_mb=args.bucket_mb),
         "no comm": _model(args, 0),
         "no comm, in step": _model(args, 0),
+        "bare + all-reduce": _model(args, 0),
     }
     opts = {k: torch.optim.SGD(v.parameters(), lr=1e-3) for k, v in setups.items()}
 
@@ -96,6 +101,11 @@ def _rank(rank, world, store, args):
             dist.barrier(group=rr)
         opt.zero_grad(set_to_none=set_to_none)
         F.mse_loss(model(x), y).backward()
+        if name == "bare + all-reduce":
+            works = [dist.all_reduce(p.grad, op=dist.ReduceOp.AVG, group=rr, async_op=True)
+                     for p in reversed(list(model.parameters()))]
+            for work in works:
+                work.wait()
         opt.step()
 
     times = {k: [] for k in setups}
@@ -200,6 +210,11 @@ def _report(args, world, nparams, overlap, step, waited, comm, record):
     print(f"# lockstep: the bare model with a barrier before each step is {abs(lockstep) * 1e3:.1f} ms "
           f"{'slower' if lockstep >= 0 else 'faster'} than without: what stepping together does to a step "
           "before any communication")
+    bare = step["bare + all-reduce"]
+    above = step["ringreduce DDP"] - bare
+    print(f"# no wrapper: the bare model with its gradients all-reduced after backward is {bare / base:.2f}x "
+          f"torch DDP on gloo; ringreduce DDP's step is {abs(above) * 1e3:.1f} ms "
+          f"{'longer' if above >= 0 else 'shorter'}")
     starts = record["ready_when_started"]
     print(f"# last overlapped ringreduce DDP step: {len(starts)} buckets; gradients ready when each started: "
           f"{starts} of {record['params']}; all-reduces done before the last gradient: "

@@ -440,10 +440,13 @@ def test_ddp_step_benchmark_runs(backend, zero_grad):
     assert p.returncode == 0, f"stdout:\n{p.stdout[-3000:]}\nstderr:\n{p.stderr[-6000:]}"
     assert f"zero_grad(set_to_none={zero_grad == 'none'})" in p.stdout, p.stdout
     for setup in (r"ringreduce DDP ", r"ringreduce DDP, views", r"ringreduce DDP, overlap=(True|False)",
-                  r"torch DDP / rr", r"torch DDP / gloo", r"no comm ", r"no comm, in step"):
+                  r"torch DDP / rr", r"torch DDP / gloo", r"no comm ", r"no comm, in step",
+                  r"bare \+ all-reduce"):
         assert re.search(rf"^{setup}\s+[\d.]+\s+\d+\s+[\d.]+x", p.stdout, re.M), p.stdout
     assert re.search(r"lockstep: the bare model with a barrier before each step is [\d.]+ ms "
                      r"(slower|faster) than without", p.stdout), p.stdout
     assert re.search(r"ringreduce DDP: step = [\d.]+x torch DDP on gloo", p.stdout), p.stdout
+    assert re.search(r"no wrapper: the bare model with its gradients all-reduced after backward is [\d.]+x "
+                     r"torch DDP on gloo; ringreduce DDP's step is [\d.]+ ms (longer|shorter)", p.stdout), p.stdout
     assert re.search(r"overlap: ringreduce DDP's step \(overlap=True\) is [\d.]+ ms (shorter|longer) than "
                      r"with overlap=False", p.stdout), p.stdout
