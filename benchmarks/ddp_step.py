@@ -29,8 +29,8 @@ Gradients are zeroed as ``optimizer.zero_grad()`` does by default (set to None, 
 over new tensors each step); ``--zero-grad zeros`` keeps them and writes zeros instead (then
 autograd adds into them, and ``gradient_as_bucket_view`` needs no copy at all).
 
-A step is forward + backward + optimizer step; its time is the slowest rank's mean. The all-
-reduce of one step's gradients (one tensor of the same size) is timed alone on each backend, and
+A step is forward + backward + optimizer step; its time is the slowest rank's median over the
+rounds (each round's time per step is its steps' mean). The all-reduce of one step's gradients (one tensor of the same size) is timed alone on each backend, and
 for ringreduce's wrapper the overlap is how much of that communication the step hides:
 1 - (time the end of backward waited for all-reduces) / (the all-reduce alone).
 """
