@@ -32,6 +32,7 @@ struct QueueState {
   std::deque<Task> tasks;
   bool running = false;   // an op is running, on the progress thread or inline
   bool stopping = false;  // no more pushes; the thread exits once `tasks` is empty
+  int idle_waiters = 0;   // threads waiting for `running` to drop, whatever is queued
   std::thread::id thread_id;
   // Called (under `mu`) about every kIdlePoll while the thread has nothing to run: the group
   // looks there for an abort raised by a peer while this rank was not in an op.
