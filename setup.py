@@ -42,6 +42,7 @@ CPU_SOURCES = [s for s in sources(
     "reduce/*.cpp",
     "transport/**/*.cpp",
     "ring/*.cpp",
+    "algo/*.cpp",
     "p2p/*.cpp",
     "backend/*.cpp",
     "bucket/*.cpp",

@@ -44,6 +44,11 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("slots", [](const ringreduce::RingBackend& b) { return b.config().slots; })
       .def_property_readonly(
           "spin_us", [](const ringreduce::RingBackend& b) { return b.config().spin.count(); })
+      .def("algorithm", &ringreduce::RingBackend::algorithm, py::arg("op"), py::arg("nbytes"),
+           "The algorithm (ring, oneshot, twoshot) a call of `op` with `nbytes` per rank takes here")
+      .def("set_algorithm", &ringreduce::RingBackend::set_algorithm, py::arg("name"),
+           "Force auto|ring|oneshot|twoshot for this group; call it on every rank between ops")
+      .def_property_readonly("algorithms", [](const ringreduce::RingBackend& b) { return b.algorithms(); })
       .def("linked_segments", &ringreduce::RingBackend::linked_segments,
            "Shared-memory segments of this group still linked in /dev/shm (empty once set up).")
       .def_property_readonly(

@@ -57,6 +57,10 @@ std::chrono::microseconds Config::default_spin(int local_ranks) {
   return std::chrono::microseconds(oversubscribed(local_ranks) ? 2 : 50);
 }
 
+std::chrono::microseconds Config::default_yield(int local_ranks) {
+  return std::chrono::microseconds(oversubscribed(local_ranks) ? 2000 : 0);
+}
+
 size_t Config::default_slice_bytes(int local_ranks) {
   return oversubscribed(local_ranks) ? (512u << 10) : (128u << 10);
 }
@@ -64,6 +68,7 @@ size_t Config::default_slice_bytes(int local_ranks) {
 Config Config::from_env(int local_ranks) {
   Config c;
   c.spin = default_spin(local_ranks);
+  c.yield = default_yield(local_ranks);
   c.slice_bytes = default_slice_bytes(local_ranks);
   if (const char* v = std::getenv("RINGREDUCE_SLICE_BYTES")) {
     const uint64_t b = parse_bytes("RINGREDUCE_SLICE_BYTES", v);
@@ -104,6 +109,18 @@ Config Config::from_env(int local_ranks) {
     RR_CHECK(us <= 1000000, "ringreduce: RINGREDUCE_SPIN_US=", v, " must be at most 1000000");
     c.spin = std::chrono::microseconds(us);
   }
+  if (const char* v = std::getenv("RINGREDUCE_ALGO")) c.algo = parse_algo(v, "RINGREDUCE_ALGO");
+  if (const char* v = std::getenv("RINGREDUCE_WINDOW_BYTES")) {
+    const uint64_t b = parse_bytes("RINGREDUCE_WINDOW_BYTES", v);
+    RR_CHECK(b <= (256ull << 20) && b % 64 == 0, "ringreduce: RINGREDUCE_WINDOW_BYTES=", v,
+             " must be a multiple of 64 up to 256M (0 turns the one-shot and two-shot algorithms off)");
+    c.window_bytes = b;
+  }
+  if (const char* v = std::getenv("RINGREDUCE_YIELD_US")) {
+    const uint64_t us = parse_uint("RINGREDUCE_YIELD_US", v);
+    RR_CHECK(us <= 1000000, "ringreduce: RINGREDUCE_YIELD_US=", v, " must be at most 1000000");
+    c.yield = std::chrono::microseconds(us);
+  }
   return c;
 }
 
@@ -115,7 +132,8 @@ Config Config::agree(Bootstrap& bs, const std::string& prefix, int rank, int loc
     std::ostringstream s;
     s << mine.slice_bytes << ' ' << mine.slots << ' ' << mine.spin.count() << ' '
       << transport_mode_name(mine.transport) << ' ' << mine.tcp_sockets << ' '
-      << (mine.check_fingerprints ? 1 : 0) << ' ' << mine.cuda_slice_bytes << ' ' << mine.cuda_transport;
+      << (mine.check_fingerprints ? 1 : 0) << ' ' << mine.cuda_slice_bytes << ' ' << mine.cuda_transport
+      << ' ' << mine.yield.count() << ' ' << algo_name(mine.algo) << ' ' << mine.window_bytes;
     text = s.str();
     bs.set(key, text);
   } else {
@@ -123,23 +141,26 @@ Config Config::agree(Bootstrap& bs, const std::string& prefix, int rank, int loc
   }
   std::istringstream in(text);
   Config c;
-  long long spin_us = 0;
-  std::string mode;
+  long long spin_us = 0, yield_us = 0;
+  std::string mode, algo;
   int check = 1;
-  in >> c.slice_bytes >> c.slots >> spin_us >> mode >> c.tcp_sockets >> check >> c.cuda_slice_bytes >> c.cuda_transport;
+  in >> c.slice_bytes >> c.slots >> spin_us >> mode >> c.tcp_sockets >> check >> c.cuda_slice_bytes >> c.cuda_transport >> yield_us >> algo >> c.window_bytes;
   c.check_fingerprints = check != 0;
   if (!in.fail()) c.transport = parse_transport_mode(mode);
   RR_CHECK(!in.fail(), "ringreduce: rank ", rank, " read a malformed config from the store: '", text, "'");
   c.spin = std::chrono::microseconds(spin_us);
+  c.yield = std::chrono::microseconds(yield_us);
+  c.algo = parse_algo(algo, "the agreed algorithm");
   return c;
 }
 
 std::string Config::to_string() const {
   std::ostringstream s;
-  s << "slice_bytes=" << slice_bytes << " slots=" << slots << " spin_us=" << spin.count()
+  s << "slice_bytes=" << slice_bytes << " slots=" << slots << " spin_us=" << spin.count() << " yield_us=" << yield.count()
     << " transport=" << transport_mode_name(transport) << " tcp_sockets=" << tcp_sockets
     << " check_fingerprints=" << (check_fingerprints ? 1 : 0) << " cuda_slice_bytes=" << cuda_slice_bytes
-    << " cuda_transport=" << cuda_transport;
+    << " cuda_transport=" << cuda_transport << " algo=" << algo_name(algo)
+    << " window_bytes=" << window_bytes;
   return s.str();
 }
 

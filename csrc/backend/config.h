@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "algo/select.h"
 #include "transport/links.h"
 
 namespace ringreduce {
@@ -19,6 +20,8 @@ struct Config {
   uint32_t slots = 4;
   // How long a waiting rank spins before it sleeps on a futex: see default_spin().
   std::chrono::microseconds spin{50};
+  // Then how long it yields its CPU before it sleeps: see default_yield().
+  std::chrono::microseconds yield{0};
   // Which transports carry the ring: by probe (auto), shared memory only, or TCP only
   // (RINGREDUCE_TRANSPORT).
   TransportMode transport = TransportMode::Auto;
@@ -32,13 +35,19 @@ struct Config {
   // message costs a stream synchronisation and a hand-off between processes (a few
   // microseconds), so slices of megabytes keep that under the time the kernels take.
   size_t cuda_slice_bytes = 8 << 20;
+  // Which algorithm every call takes where it can (RINGREDUCE_ALGO): auto (by size, algo/select.h),
+  // ring, oneshot or twoshot.
+  Algo algo = Algo::Auto;
+  // Bytes of each of a rank's two shared-window buffers (RINGREDUCE_WINDOW_BYTES): the largest
+  // message the one-shot and two-shot algorithms carry; 0 turns them off.
+  size_t window_bytes = 1u << 20;
   // How CUDA tensors travel (RINGREDUCE_CUDA_TRANSPORT): "auto" (CUDA IPC where every rank can
   // open every other's device memory, else staged through host memory, said once), "ipc" (fail
   // when it cannot be used) or "staged".
   std::string cuda_transport = "auto";
 
   // Defaults (the spin one for `local_ranks` ranks on this host) overridden by
-  // RINGREDUCE_SLICE_BYTES, RINGREDUCE_SLOTS, RINGREDUCE_SPIN_US, RINGREDUCE_TRANSPORT,
+  // RINGREDUCE_SLICE_BYTES, RINGREDUCE_SLOTS, RINGREDUCE_SPIN_US, RINGREDUCE_YIELD_US, RINGREDUCE_ALGO, RINGREDUCE_WINDOW_BYTES, RINGREDUCE_TRANSPORT,
   // RINGREDUCE_TCP_SOCKETS, RINGREDUCE_CHECK_FINGERPRINTS, RINGREDUCE_CUDA_SLICE_BYTES. Throws ringreduce::Error naming
   // the variable when a value does not parse or is out of range.
   static Config from_env(int local_ranks);
@@ -48,6 +57,11 @@ struct Config {
   // cores, the peer a rank waits for is often waiting for that very core, and every microsecond
   // of spin delays it (4 ranks on 2 cores: 270 us spinning 50 us, 100 us spinning 2 us).
   static std::chrono::microseconds default_spin(int local_ranks);
+  // With more ranks than cores a rank waits, most of the time, for a peer that is runnable but
+  // has no core; yielding gives it one at once, where a futex sleep costs a wake-up per hand-off
+  // (4 ranks on 2 cores, 1 KiB all-reduce: see docs/algorithms.md). The yield is bounded so that
+  // a rank with nothing to do goes to sleep. With a core per rank it is not needed.
+  static std::chrono::microseconds default_yield(int local_ranks);
 
   // With a core per rank, slices small enough that a link's slots stay in cache win (2 ranks, 32
   // MiB: 15.8 GB/s busbw at 128K, 11.6 at 512K). With more ranks than cores every hand-off may

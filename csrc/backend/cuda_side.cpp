@@ -1,5 +1,7 @@
 #include "backend/cuda_side.h"
 
+#include "algo/collectives.h"
+
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -24,8 +26,8 @@ struct CudaSide::Impl {
 
   // The device ring, built at the first CUDA op (by its caller, under setup_mu; afterwards only
   // the progress thread uses it).
-  Ring& ring() {
-    if (ring_) return *ring_;
+  Collectives& ring() {
+    if (coll_) return *coll_;
     kernels = std::make_unique<cuda::CudaKernels>(comm->stream());
     std::string why;
     if (cfg.cuda_transport == "staged") {
@@ -64,9 +66,11 @@ struct CudaSide::Impl {
       ring_ = std::make_unique<Ring>(*transport, cfg.slice_bytes, *kernels);
     }
     ring_->set_check_fingerprints(cfg.check_fingerprints);
+    // Device memory has no shared window: every size goes around the ring.
+    coll_ = std::make_unique<Collectives>(*ring_, nullptr, Selector(size, 0, Algo::Ring));
     std::lock_guard<std::mutex> lock(mu);
     name = ipc ? "cuda_ipc" : "staged";
-    return *ring_;
+    return *coll_;
   }
 
   c10::intrusive_ptr<c10d::Store> store;
@@ -85,6 +89,7 @@ struct CudaSide::Impl {
   std::unique_ptr<Transport> transport;
   CudaIpcTransport* ipc = nullptr;  // transport, when it is the IPC one
   std::unique_ptr<Ring> ring_;
+  std::unique_ptr<Collectives> coll_;  // over ring_
 };
 
 CudaSide::CudaSide(c10::intrusive_ptr<c10d::Store> store, std::string prefix, int rank, int size,

@@ -32,10 +32,11 @@
 
 namespace ringreduce {
 
-class Ring;
+class Collectives;
 
-// What an op does once its turn comes, on the ring it is given (the host's or the device's).
-using RingBody = std::function<void(Ring&, const OpContext&, const Deadline&)>;
+// What an op does once its turn comes, through the algorithm layer it is given (the host's, or
+// the device's over its own transport).
+using RingBody = std::function<void(Collectives&, const OpContext&, const Deadline&)>;
 
 class CudaSide {
  public:

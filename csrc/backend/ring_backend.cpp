@@ -25,6 +25,7 @@
 #include "common/error.h"
 #include "p2p/p2p.h"
 #include "reduce/reduce.h"
+#include "algo/collectives.h"
 #include "ring/ring.h"
 #include "transport/links.h"
 
@@ -174,6 +175,8 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     lo.shm.slot_bytes = config_.slice_bytes;
     lo.shm.nslots = config_.slots;
     lo.shm.spin = config_.spin;
+    lo.shm.yield = config_.yield;
+    lo.shm.window_bytes = config_.window_bytes;
     lo.tcp.slot_bytes = config_.slice_bytes;
     lo.tcp.nslots = config_.slots;
     lo.tcp.sockets = config_.tcp_sockets;
@@ -185,6 +188,8 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     links_ = std::make_unique<Links>(bs, prefix, rank, size, lo);
     ring_ = std::make_unique<Ring>(links_->transport(), config_.slice_bytes);
     ring_->set_check_fingerprints(config_.check_fingerprints);
+    algo_ = std::make_unique<Collectives>(*ring_, links_->transport().window(),
+                                          Selector(size, config_.window_bytes, config_.algo));
 #ifdef RINGREDUCE_WITH_CUDA
     // Nothing is set up on a device until the group's first CUDA op.
     cuda_ = std::make_unique<CudaSide>(store, prefix, rank, size, config_, links_->transport());
@@ -192,6 +197,7 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     // Sends and receives get transports of their own, routed as the collectives' are (segments
     // set up now, while every rank is here; pages are only touched by the pairs that use them).
     LinkOptions p2p = lo;
+    p2p.shm.window_bytes = 0;  // point-to-point only passes messages
     p2p.shm.doorbells = true;
     p2p.tcp.doorbells = true;
     p2p_links_ = std::make_unique<Links>(bs, prefix + "p2p/", rank, size, p2p, &links_->local());
@@ -310,6 +316,41 @@ c10::intrusive_ptr<c10d::Backend> RingBackend::split(
 }
 #endif
 
+std::string RingBackend::algorithm(const std::string& op, int64_t bytes) {
+  static const std::pair<const char*, OpKind> kKinds[] = {
+      {"allreduce", OpKind::Allreduce},         {"reduce_scatter", OpKind::ReduceScatter},
+      {"allgather", OpKind::AllGather},         {"broadcast", OpKind::Broadcast},
+      {"reduce", OpKind::Reduce},               {"barrier", OpKind::Barrier},
+      {"gather", OpKind::Gather},               {"scatter", OpKind::Scatter},
+      {"alltoall", OpKind::AllToAll}};
+  if (bytes < 0) fail(detail::cat("ringreduce algorithm: rank ", rank_, ": negative size ", bytes));
+  for (const auto& [name, kind] : kKinds) {
+    if (op != name) continue;
+    if (kind == OpKind::Gather || kind == OpKind::Scatter || kind == OpKind::AllToAll) return "ring";
+    std::lock_guard<std::mutex> lock(mu_);
+    return algo_name(algo_->algorithm(kind, static_cast<size_t>(bytes)));
+  }
+  fail(detail::cat("ringreduce algorithm: rank ", rank_, ": unknown collective '", op, "'"));
+}
+
+std::string RingBackend::algorithms() const { return algo_->selector().describe(); }
+
+void RingBackend::set_algorithm(const std::string& name) {
+  Algo a;
+  try {
+    a = parse_algo(name, "set_algorithm");
+  } catch (const std::exception& e) {
+    fail(detail::cat("ringreduce set_algorithm: rank ", rank_, ": ", e.what()));
+  }
+  // Under mu_ and with the queue idle, so that no op runs or is queued with the old choice.
+  std::lock_guard<std::mutex> lock(mu_);
+  if (queue_.busy()) {
+    fail(detail::cat("ringreduce set_algorithm: rank ", rank_, ": ops are in flight; call it ",
+                     "between ops, on every rank of the group"));
+  }
+  algo_->set_selector(Selector(size_, config_.window_bytes, a));
+}
+
 std::chrono::milliseconds RingBackend::current_timeout() {
   std::lock_guard<std::mutex> lock(mu_);
   return timeout_;
@@ -378,7 +419,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const cha
                      "; this build of ringreduce handles CPU tensors only (", cuda_build_note(), ")"));
 #endif
   } else {
-    run = [this, body = std::move(body)](const OpContext& ctx, const Deadline& dl) { body(*ring_, ctx, dl); };
+    run = [this, body = std::move(body)](const OpContext& ctx, const Deadline& dl) { body(*algo_, ctx, dl); };
   }
   std::unique_lock<std::mutex> lock(mu_);
   const uint64_t seq = next_seq_++;
@@ -585,8 +626,8 @@ RingBackend::Body RingBackend::allreduce_body(const at::Tensor& t, const c10d::R
   at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
   // PREMUL_SUM scales this rank's contribution before the sum, into a tensor owned by the op.
   at::Tensor in = red.premul ? buf.mul(*red.premul) : buf;
-  return [this, t, buf, in, d, red](Ring& ring, const OpContext& ctx, const Deadline& dl) {
-    ring.allreduce(in.data_ptr(), buf.data_ptr(), static_cast<size_t>(buf.numel()), d, red.op,
+  return [this, t, buf, in, d, red](Collectives& algo, const OpContext& ctx, const Deadline& dl) {
+    algo.allreduce(in.data_ptr(), buf.data_ptr(), static_cast<size_t>(buf.numel()), d, red.op,
                      red.divisor, ctx, dl);
     if (!buf.is_same(t)) t.copy_(buf);
   };
@@ -615,8 +656,8 @@ RingBackend::Body RingBackend::reduce_scatter_body(const at::Tensor& output, con
   if (red.premul) in = in.mul(*red.premul);  // this rank's contribution, scaled, owned by the op
   at::Tensor out = writable(output, in);
   const size_t count = static_cast<size_t>(output.numel());
-  return [this, output, in, out, d, red, count](Ring& ring, const OpContext& ctx, const Deadline& dl) {
-    ring.reduce_scatter(Chunks(in.data_ptr(), count * in.element_size()), out.data_ptr(), count,
+  return [this, output, in, out, d, red, count](Collectives& algo, const OpContext& ctx, const Deadline& dl) {
+    algo.reduce_scatter(Chunks(in.data_ptr(), count * in.element_size()), out.data_ptr(), count,
                           d, red.op, red.divisor, ctx, dl);
     if (!out.is_same(output)) output.copy_(out);
   };
@@ -646,10 +687,10 @@ c10::intrusive_ptr<c10d::Work> RingBackend::reduce_scatter(
   }
   const size_t count = static_cast<size_t>(output.numel());
   return enqueue(c10d::OpType::REDUCE_SCATTER, name, {output}, inputs[0], opts.timeout, opts.asyncOp,
-                 [this, output, in, out, d, red, count](Ring& ring, const OpContext& ctx, const Deadline& dl) {
+                 [this, output, in, out, d, red, count](Collectives& algo, const OpContext& ctx, const Deadline& dl) {
                    std::vector<void*> ptrs;
                    for (const at::Tensor& t : in) ptrs.push_back(t.data_ptr());
-                   ring.reduce_scatter(Chunks(&ptrs), out.data_ptr(), count, d, red.op,
+                   algo.reduce_scatter(Chunks(&ptrs), out.data_ptr(), count, d, red.op,
                                          red.divisor, ctx, dl);
                    if (!out.is_same(output)) output.copy_(out);
                  });
@@ -682,8 +723,8 @@ RingBackend::Body RingBackend::allgather_body(const at::Tensor& output, const at
     const auto* mine = static_cast<const uint8_t*>(output.data_ptr()) + rank_ * in.nbytes();
     if (mine != in.data_ptr()) out = at::empty(output.sizes(), output.options());
   }
-  return [this, output, in, out, d = d, count = count](Ring& ring, const OpContext& ctx, const Deadline& dl) {
-    ring.all_gather(in.data_ptr(), Chunks(out.data_ptr(), in.nbytes()), count, d, ctx, dl);
+  return [this, output, in, out, d = d, count = count](Collectives& algo, const OpContext& ctx, const Deadline& dl) {
+    algo.all_gather(in.data_ptr(), Chunks(out.data_ptr(), in.nbytes()), count, d, ctx, dl);
     if (!out.is_same(output)) output.copy_(out);
   };
 }
@@ -713,10 +754,10 @@ RingBackend::Body RingBackend::allgather_list_body(const std::vector<at::Tensor>
     const bool direct = t.is_contiguous() && at::get_overlap_status(t, in) == at::MemOverlapStatus::No;
     out.push_back(direct ? t : at::empty(t.sizes(), t.options()));
   }
-  return [this, user, in, out, d = d, count = count](Ring& ring, const OpContext& ctx, const Deadline& dl) {
+  return [this, user, in, out, d = d, count = count](Collectives& algo, const OpContext& ctx, const Deadline& dl) {
     std::vector<void*> ptrs;
     for (const at::Tensor& t : out) ptrs.push_back(t.data_ptr());
-    ring.all_gather(in.data_ptr(), Chunks(&ptrs), count, d, ctx, dl);
+    algo.all_gather(in.data_ptr(), Chunks(&ptrs), count, d, ctx, dl);
     for (size_t i = 0; i < out.size(); ++i) {
       if (!out[i].is_same(user[i])) user[i].copy_(out[i]);
     }
@@ -767,8 +808,8 @@ c10::intrusive_ptr<c10d::Work> RingBackend::reduce(std::vector<at::Tensor>& tens
   at::Tensor in = red.premul ? buf.mul(*red.premul) : buf;
   // Only the root's tensor is written; the others keep their values, as with torch's backends.
   return enqueue(c10d::OpType::REDUCE, name, {t}, {}, opts.timeout, opts.asyncOp,
-                 [this, t, buf, in, d, red, root](Ring& ring, const OpContext& ctx, const Deadline& dl) {
-                   ring.reduce(in.data_ptr(), buf.data_ptr(), static_cast<size_t>(buf.numel()), d,
+                 [this, t, buf, in, d, red, root](Collectives& algo, const OpContext& ctx, const Deadline& dl) {
+                   algo.reduce(in.data_ptr(), buf.data_ptr(), static_cast<size_t>(buf.numel()), d,
                                  red.op, red.divisor, root, ctx, dl);
                    if (rank_ == root && !buf.is_same(t)) t.copy_(buf);
                  });
@@ -797,10 +838,10 @@ c10::intrusive_ptr<c10d::Work> RingBackend::gather(std::vector<std::vector<at::T
   at::Tensor in = input.contiguous();
   std::vector<at::Tensor> bufs = writable_list(user);
   return enqueue(c10d::OpType::GATHER, name, user, {input}, opts.timeout, opts.asyncOp,
-                 [this, in, user, bufs, d = d, count = count, root](Ring& ring, const OpContext& ctx,
+                 [this, in, user, bufs, d = d, count = count, root](Collectives& algo, const OpContext& ctx,
                                                                     const Deadline& dl) {
                    std::vector<void*> ptrs = pointers(bufs);
-                   ring.gather(in.data_ptr(), Chunks(&ptrs), count, d, root, ctx, dl);
+                   algo.gather(in.data_ptr(), Chunks(&ptrs), count, d, root, ctx, dl);
                    copy_back(bufs, user);
                  });
 }
@@ -827,10 +868,10 @@ c10::intrusive_ptr<c10d::Work> RingBackend::scatter(std::vector<at::Tensor>& out
   at::NoGradGuard no_grad;
   at::Tensor out = output.is_contiguous() ? output : at::empty(output.sizes(), output.options());
   return enqueue(c10d::OpType::SCATTER, name, {output}, ins, opts.timeout, opts.asyncOp,
-                 [this, ins, output, out, d = d, count = count, root](Ring& ring, const OpContext& ctx,
+                 [this, ins, output, out, d = d, count = count, root](Collectives& algo, const OpContext& ctx,
                                                                       const Deadline& dl) {
                    std::vector<void*> ptrs = pointers(ins);
-                   ring.scatter(Chunks(&ptrs), out.data_ptr(), count, d, root, ctx, dl);
+                   algo.scatter(Chunks(&ptrs), out.data_ptr(), count, d, root, ctx, dl);
                    if (!out.is_same(output)) output.copy_(out);
                  });
 }
@@ -875,7 +916,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::alltoall_base(at::Tensor& output, at
   at::Tensor in = input.contiguous();
   at::Tensor out = writable(output, in);
   return enqueue(c10d::OpType::ALLTOALL_BASE, name, {output}, {input}, opts.timeout, opts.asyncOp,
-                 [this, in, output, out, send, recv, d = d](Ring& ring, const OpContext& ctx, const Deadline& dl) {
+                 [this, in, output, out, send, recv, d = d](Collectives& algo, const OpContext& ctx, const Deadline& dl) {
                    const size_t es = dtype_size(d);
                    std::vector<void*> ip, op;
                    auto* ib = static_cast<uint8_t*>(in.data_ptr());
@@ -886,7 +927,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::alltoall_base(at::Tensor& output, at
                      ib += send[p] * es;
                      ob += recv[p] * es;
                    }
-                   ring.alltoall(Chunks(&ip), send, Chunks(&op), recv, d, ctx, dl);
+                   algo.alltoall(Chunks(&ip), send, Chunks(&op), recv, d, ctx, dl);
                    if (!out.is_same(output)) output.copy_(out);
                  });
 }
@@ -922,9 +963,9 @@ c10::intrusive_ptr<c10d::Work> RingBackend::alltoall(std::vector<at::Tensor>& ou
     bufs.push_back(clear ? t : at::empty(t.sizes(), t.options()));
   }
   return enqueue(c10d::OpType::ALLTOALL, name, user, inputs, opts.timeout, opts.asyncOp,
-                 [this, ins, user, bufs, send, recv, d = d](Ring& ring, const OpContext& ctx, const Deadline& dl) {
+                 [this, ins, user, bufs, send, recv, d = d](Collectives& algo, const OpContext& ctx, const Deadline& dl) {
                    std::vector<void*> ip = pointers(ins), op = pointers(bufs);
-                   ring.alltoall(Chunks(&ip), send, Chunks(&op), recv, d, ctx, dl);
+                   algo.alltoall(Chunks(&ip), send, Chunks(&op), recv, d, ctx, dl);
                    copy_back(bufs, user);
                  });
 }
@@ -933,8 +974,8 @@ namespace {
 
 // The coalesced forms: one Work whose op runs the parts in order, each checked at the call.
 RingBackend::Body in_order(std::vector<RingBackend::Body> parts) {
-  return [parts = std::move(parts)](Ring& ring, const OpContext& ctx, const Deadline& dl) {
-    for (const auto& part : parts) part(ring, ctx, dl);
+  return [parts = std::move(parts)](Collectives& algo, const OpContext& ctx, const Deadline& dl) {
+    for (const auto& part : parts) part(algo, ctx, dl);
   };
 }
 
@@ -1005,15 +1046,15 @@ c10::intrusive_ptr<c10d::Work> RingBackend::broadcast(std::vector<at::Tensor>& t
   at::NoGradGuard no_grad;
   at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
   return enqueue(c10d::OpType::BROADCAST, name, {t}, {}, opts.timeout, opts.asyncOp,
-                 [this, t, buf, d = d, count = count, root](Ring& ring, const OpContext& ctx, const Deadline& dl) {
-                   ring.broadcast(buf.data_ptr(), count, d, root, ctx, dl);
+                 [this, t, buf, d = d, count = count, root](Collectives& algo, const OpContext& ctx, const Deadline& dl) {
+                   algo.broadcast(buf.data_ptr(), count, d, root, ctx, dl);
                    if (!buf.is_same(t) && rank_ != root) t.copy_(buf);
                  });
 }
 
 c10::intrusive_ptr<c10d::Work> RingBackend::barrier(const c10d::BarrierOptions& opts) {
   return enqueue(c10d::OpType::BARRIER, "barrier", {}, {}, opts.timeout, opts.asyncOp,
-                 [this](Ring& ring, const OpContext& ctx, const Deadline& dl) { ring.barrier(ctx, dl); });
+                 [this](Collectives& algo, const OpContext& ctx, const Deadline& dl) { algo.barrier(ctx, dl); });
 }
 
 }  // namespace ringreduce

@@ -26,6 +26,7 @@
 
 namespace ringreduce {
 
+class Collectives;
 class Links;
 class Ring;
 class P2p;
@@ -123,6 +124,14 @@ class RingBackend final : public c10d::Backend {
   void shutdown() override;
 
   const Config& config() const { return config_; }
+  // The algorithm (ring, oneshot, twoshot) a call of `op` ("allreduce", "broadcast", ...) with
+  // `bytes` per rank (the whole input for reduce_scatter) takes in this group.
+  std::string algorithm(const std::string& op, int64_t bytes);
+  // Forces an algorithm for this group from the next op on ("auto" restores the table); every
+  // rank must call it at the same point of the group's op order, as it must issue the ops.
+  void set_algorithm(const std::string& name);
+  // The crossovers in force, as a line.
+  std::string algorithms() const;
   // Segments this group created and still has linked in /dev/shm (empty once set up).
   std::vector<std::string> linked_segments() const;
   // Peers this rank reaches over TCP, and the "ip:port" it listens on for them ("" if none).
@@ -170,6 +179,7 @@ class RingBackend final : public c10d::Backend {
   Config config_;
   std::unique_ptr<Links> links_;
   std::unique_ptr<Ring> ring_;
+  std::unique_ptr<Collectives> algo_;  // over ring_ and the transport's window
   std::unique_ptr<Links> p2p_links_;
   std::unique_ptr<P2p> p2p_;  // after its transport: stops before it goes away
 #ifdef RINGREDUCE_WITH_CUDA

@@ -30,6 +30,15 @@ void divide(void* dst, const void* src, size_t n, DType t, int64_t divisor);
 void reduce_and_copy(void* dst, void* out, const void* a, const void* b, size_t n, DType t, RedOp op,
                      int64_t divisor);
 
+// dst[i] = (src[0][i] op src[1][i] op ... op src[m-1][i]), left to right, divided by `divisor`
+// unless it is 1 (AVG): the reduction of the one-shot and two-shot algorithms, which read every
+// rank's contribution at once. Bit for bit what reduce() m-1 times and then divide() give (fp16 and
+// bf16 are rounded after every step, as the ring's partial sums are), in one pass. dst may be one of
+// the sources exactly (each block is read from every source before it is written), but must not
+// otherwise overlap them. m >= 1.
+void reduce_many(void* dst, const void* const* src, int m, size_t n, DType t, RedOp op,
+                 int64_t divisor);
+
 // dst[i] = src[i] * factor (PREMUL_SUM's pre-scaling). Floating and complex types only.
 void scale(void* dst, const void* src, size_t n, DType t, double factor);
 

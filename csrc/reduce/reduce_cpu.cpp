@@ -420,6 +420,56 @@ void run_reduce_and_copy(void* dst, void* out, const void* a, const void* b, siz
   }
 }
 
+// reduce_many, one block of `len` elements at a time: acc = src[0] op src[1] op ..., in the Math
+// type.
+template <class K>
+RR_CLONES void load_block(typename K::Math* __restrict__ acc, const typename K::Store* __restrict__ src,
+                          size_t len) {
+  for (size_t i = 0; i < len; ++i) acc[i] = K::load(src[i]);
+}
+
+template <class K, class Op>
+RR_CLONES void accumulate_block(typename K::Math* __restrict__ acc,
+                                const typename K::Store* __restrict__ src, size_t len) {
+  for (size_t i = 0; i < len; ++i) acc[i] = Op::apply(acc[i], K::load(src[i]));
+}
+
+template <class K, class F>
+RR_CLONES void store_block(typename K::Store* __restrict__ dst, const typename K::Math* __restrict__ acc,
+                           size_t len, F f) {
+  for (size_t i = 0; i < len; ++i) dst[i] = K::store(f(acc[i]));
+}
+
+template <class K, class Op, class F>
+void run_reduce_many(void* dst, const void* const* src, int m, size_t n, F f) {
+  using S = typename K::Store;
+  using M = typename K::Math;
+  auto* d = static_cast<S*>(dst);
+  alignas(64) M acc[kStageElems];
+  for (size_t i = 0; i < n; i += kStageElems) {
+    const size_t len = std::min(kStageElems, n - i);
+    if constexpr (kStaged<K>) {
+      // Rounded to the stored type after every step, as the ring's partial sums are in its
+      // slots: the same fold gives the ring's bits, whichever algorithm ran it.
+      alignas(64) float tmp[kStageElems];
+      alignas(64) S rounded[kStageElems];
+      K::widen(acc, static_cast<const S*>(src[0]) + i, len);
+      for (int k = 1; k < m; ++k) {
+        K::widen(tmp, static_cast<const S*>(src[k]) + i, len);
+        reduce_into<Native<float>, Op, true>(acc, tmp, len);
+        K::narrow(rounded, acc, len);
+        K::widen(acc, rounded, len);
+      }
+      if constexpr (!std::is_same_v<F, Identity>) map_inplace<Native<float>>(acc, len, f);
+      K::narrow(d + i, acc, len);
+    } else {
+      load_block<K>(acc, static_cast<const S*>(src[0]) + i, len);
+      for (int k = 1; k < m; ++k) accumulate_block<K, Op>(acc, static_cast<const S*>(src[k]) + i, len);
+      store_block<K>(d + i, acc, len, f);
+    }
+  }
+}
+
 // Element maps. Floating kinds divide and scale in their Math type (fp32 for fp16/bf16).
 template <class M>
 struct DivideBy {
@@ -609,6 +659,34 @@ void reduce_and_copy(void* dst, void* out, const void* a, const void* b, size_t 
       run_reduce_and_copy<K, Op>(dst, out, a, b, n, Identity{});
     } else {
       with_divider<K>(divisor, [&](auto f) { run_reduce_and_copy<K, Op>(dst, out, a, b, n, f); });
+    }
+  });
+}
+
+void reduce_many(void* dst, const void* const* src, int m, size_t n, DType t, RedOp op,
+                 int64_t divisor) {
+  if (const char* why = unsupported_reason(t, op)) {
+    throw Error(detail::cat("ringreduce reduce_many: ", redop_name(op), " is not supported on ",
+                            dtype_name(t), ": ", why));
+  }
+  RR_CHECK(m >= 1, "ringreduce reduce_many: ", m, " sources");
+  RR_CHECK(divisor == 1 || t != DType::Bool, "ringreduce reduce_many: bool tensors cannot be "
+                                             "divided (an average of bools is not a bool)");
+  RR_CHECK(divisor != 0, "ringreduce reduce_many (", dtype_name(t), "): divisor is zero");
+  if (n == 0) return;
+  const size_t bytes = n * dtype_size(t);
+  RR_CHECK(dst != nullptr, "ringreduce reduce_many: null output for ", n, " elements");
+  for (int k = 0; k < m; ++k) {
+    RR_CHECK(src[k] != nullptr, "ringreduce reduce_many: source ", k, " is null");
+    check_no_partial_overlap("reduce_many", dst, src[k], bytes, t);
+  }
+  with_kind_and_op(t, op, "reduce_many", [&](auto kind, auto op_tag) {
+    using K = decltype(kind);
+    using Op = decltype(op_tag);
+    if (divisor == 1) {
+      run_reduce_many<K, Op>(dst, src, m, n, Identity{});
+    } else {
+      with_divider<K>(divisor, [&](auto f) { run_reduce_many<K, Op>(dst, src, m, n, f); });
     }
   });
 }

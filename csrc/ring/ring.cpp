@@ -23,25 +23,6 @@ constexpr size_t kStreamLargeOutputBytes = 16u << 20;
 
 size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
-std::string describe(const MsgHeader& h) {
-  if (h.kind == 0 && h.seq == 0 && h.count == 0) return "an empty message";
-  std::string s = detail::cat(op_kind_name(static_cast<OpKind>(h.kind)), " #", h.seq, " of ",
-                              h.count, " ", dtype_name(static_cast<DType>(h.dtype)));
-  const auto kind = static_cast<OpKind>(h.kind);
-  if (kind == OpKind::Allreduce || kind == OpKind::ReduceScatter || kind == OpKind::Reduce) {
-    s += detail::cat(" (", redop_name(static_cast<RedOp>(h.redop & 0x7f)),
-                     (h.redop & 0x80) ? ", averaged" : "", ")");
-  }
-  if (h.root >= 0) s += detail::cat(" from root ", h.root);
-  return s;
-}
-
-// The fingerprint: every field of the header but the message's own size.
-bool same_op(const MsgHeader& a, const MsgHeader& b) {
-  return a.seq == b.seq && a.kind == b.kind && a.count == b.count && a.dtype == b.dtype &&
-         a.redop == b.redop && a.root == b.root;
-}
-
 // Lets the transport land receives from `peer` in place for as long as it lives (one op), and
 // stops that however the op ends, before the op's buffers go back to the caller.
 class Landing {
@@ -95,8 +76,8 @@ const void* Ring::recv_checked(int peer, const MsgHeader& expect, size_t bytes,
     }
     const std::string msg = detail::cat(
         "ringreduce ", ctx.name, " #", ctx.seq, ": rank ", rank_, " and rank ", peer,
-        " called different collectives: rank ", peer, " sent ", describe(got), ", rank ", rank_,
-        " is in ", describe(expect),
+        " called different collectives: rank ", peer, " sent ", describe_op(got), ", rank ", rank_,
+        " is in ", describe_op(expect),
         agree ? detail::cat(" (message of ", got.bytes, " bytes where ", bytes, " were expected)")
                 : std::string());
     t_.abort_group(msg);

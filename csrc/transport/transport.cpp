@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "common/dtype.h"
 #include "common/error.h"
 
 namespace ringreduce {
@@ -62,6 +63,24 @@ std::string incarnation_prefix(Bootstrap& bs, int size) {
   // once every rank has left the earlier one, so it draws the next n.
   const int64_t v = bs.add("ringreduce/incarnation", 1);
   return "ringreduce/" + std::to_string((v - 1) / size) + "/";
+}
+
+std::string describe_op(const MsgHeader& h) {
+  if (h.kind == 0 && h.seq == 0 && h.count == 0) return "an empty message";
+  std::string s = detail::cat(op_kind_name(static_cast<OpKind>(h.kind)), " #", h.seq, " of ",
+                              h.count, " ", dtype_name(static_cast<DType>(h.dtype)));
+  const auto kind = static_cast<OpKind>(h.kind);
+  if (kind == OpKind::Allreduce || kind == OpKind::ReduceScatter || kind == OpKind::Reduce) {
+    s += detail::cat(" (", redop_name(static_cast<RedOp>(h.redop & 0x7f)),
+                     (h.redop & 0x80) ? ", averaged" : "", ")");
+  }
+  if (h.root >= 0) s += detail::cat(" from root ", h.root);
+  return s;
+}
+
+bool same_op(const MsgHeader& a, const MsgHeader& b) {
+  return a.seq == b.seq && a.kind == b.kind && a.count == b.count && a.dtype == b.dtype &&
+         a.redop == b.redop && a.root == b.root;
 }
 
 }  // namespace ringreduce

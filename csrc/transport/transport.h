@@ -1,4 +1,4 @@
-// The one interface every transport implements (shm/ now; tcp/ and cuda_ipc/ later).
+// The one interface every transport implements (shm/, tcp/, cuda_ipc/).
 //
 // A transport moves messages between ranks of one group. Each (sender, receiver) pair has its own
 // FIFO of a few fixed-size slots: the sender writes a slot in place and publishes it; the receiver
@@ -51,6 +51,12 @@ struct MsgHeader {
 };
 static_assert(sizeof(MsgHeader) == 32, "MsgHeader is part of the shared-memory layout");
 
+// "allreduce #3 of 1000 float32 (sum)": an op as a header names it, for the errors of ranks that
+// disagree.
+std::string describe_op(const MsgHeader& h);
+// Whether two headers name the same op: every field but the message's own size.
+bool same_op(const MsgHeader& a, const MsgHeader& b);
+
 // Where a rank stands, as a peer that timed out waiting for it sees it: which op it last entered
 // and whom it sleeps waiting for. Read from its segment over shared memory, asked for over TCP.
 struct PeerState {
@@ -62,9 +68,40 @@ struct PeerState {
 
 
 
+// Memory that every rank of the group maps, read directly by the peers: what the one-shot and
+// two-shot algorithms (algo/) run on instead of messages. Each rank owns two buffers and window ops
+// use them in turn, so a rank may start op k+1 (writing its other buffer) while a slow peer still
+// reads its buffer of op k; it cannot reach op k+2 before every peer has published op k+1, which
+// each does only once it has finished reading op k. That is why every window op waits for every
+// peer (wait_all), even where the data flows one way: the alternation needs no other handshake.
+class PeerWindow {
+ public:
+  virtual ~PeerWindow() = default;
+  // Bytes of one buffer: the largest message a window op may carry per rank.
+  virtual size_t capacity() const = 0;
+  // Starts this rank's next window op and returns its own buffer for it. `fp` is the op's
+  // fingerprint (a MsgHeader whose `bytes` names the algorithm), which every reader compares
+  // with its own.
+  virtual uint8_t* begin(const MsgHeader& fp, const OpContext& op) = 0;
+  // Rank `rank`'s buffer of the current op (this rank's own included). Only what that rank has
+  // published and this rank has waited for may be read.
+  virtual const uint8_t* buffer(int rank) const = 0;
+  // Makes what this rank wrote into its buffer so far visible, as the op's next phase.
+  virtual void publish() = 0;
+  // Returns once every peer has published as many phases of the current op as this rank has.
+  // A peer in another op (by its fingerprint, or because it sends or waits for messages) aborts
+  // the group with an error that says how the two differ; deadlines, aborts and dead peers are
+  // handled as in every wait.
+  virtual void wait_all(const OpContext& op, const Deadline& dl) = 0;
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
+
+  // The group's shared window, when every peer maps this rank's memory (one host, shared memory):
+  // null otherwise, and then only messages are available.
+  virtual PeerWindow* window() { return nullptr; }
 
   virtual int rank() const = 0;
   virtual int size() const = 0;

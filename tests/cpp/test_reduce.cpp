@@ -711,6 +711,74 @@ RR_TEST(reduce_and_copy_is_reduce_divide_copy_bit_for_bit) {
   RR_EXPECT(cases > 1000, "ran ", cases, " cases");
 }
 
+// Element i is a NaN (a complex one: either part).
+bool is_nan_elem(DType t, const void* p, size_t i) {
+  if (t == DType::Complex64) return std::isnan(load<float>(p, 2 * i)) || std::isnan(load<float>(p, 2 * i + 1));
+  if (t == DType::Complex128) return std::isnan(load<double>(p, 2 * i)) || std::isnan(load<double>(p, 2 * i + 1));
+  return std::isnan(float_value(t, p, i));
+}
+
+// reduce_many is reduce() m-1 times over its sources in order, then divide(): the ring's fold. The
+// same bits (NaN payloads aside: which operand's NaN survives is the compiler's choice in both).
+// dst may be one of the sources exactly.
+RR_TEST(reduce_many_is_the_ring_fold_bit_for_bit) {
+  Rng g(4242);
+  size_t cases = 0;
+  auto same = [](DType t, const unsigned char* x, const unsigned char* y, size_t n) {
+    const size_t es = dtype_size(t);
+    for (size_t i = 0; i < n; ++i) {
+      if (std::memcmp(x + i * es, y + i * es, es) == 0) continue;
+      if (!is_floating(t) && !is_complex(t)) return false;
+      if (!(is_nan_elem(t, x, i) && is_nan_elem(t, y, i))) return false;
+    }
+    return true;
+  };
+  for (DType t : kAllTypes) {
+    const size_t es = dtype_size(t);
+    for (RedOp op : kAllOps) {
+      if (!supported(t, op)) continue;
+      for (int m : {1, 2, 3, 5}) {
+        for (int64_t dv : {int64_t(1), int64_t(3)}) {
+          if (dv != 1 && t == DType::Bool) continue;
+          for (size_t n : kCounts) {
+            for (int alias = 0; alias < 2; ++alias) {
+              const size_t bytes = n * es;
+              std::vector<std::vector<unsigned char>> src(m, std::vector<unsigned char>(bytes + 1));
+              for (auto& v : src) fill_random(t, v.data(), n, g);
+              std::vector<unsigned char> want(bytes + 1);
+              if (n > 0) {
+                std::memcpy(want.data(), src[0].data(), bytes);
+                for (int k = 1; k < m; ++k) reduce(want.data(), want.data(), src[k].data(), n, t, op);
+                if (dv != 1) divide(want.data(), want.data(), n, t, dv);
+                // A bool result is 0 or 1 even where no step ran (any nonzero byte is true).
+                if (t == DType::Bool) {
+                  for (size_t i = 0; i < n; ++i) want[i] = want[i] != 0;
+                }
+              }
+              std::vector<const void*> ptrs;
+              for (auto& v : src) ptrs.push_back(v.data());
+              GuardedBuffer D(bytes, es);
+              void* dst = alias ? src[m - 1].data() : D.data();
+              reduce_many(dst, ptrs.data(), m, n, t, op, dv);
+              ++cases;
+              RR_EXPECT(same(t, static_cast<unsigned char*>(dst), want.data(), n), dtype_name(t), " ",
+                        redop_name(op), " m=", m, " / ", dv, " n=", n, alias ? " dst=last" : "",
+                        ": differs from the fold");
+              RR_EXPECT(D.guards_intact(), dtype_name(t), " n=", n, ": wrote outside the buffer");
+            }
+          }
+        }
+      }
+    }
+  }
+  RR_EXPECT(cases > 1000, "ran ", cases, " cases");
+  std::vector<float> a(8, 1.f), b(8, 2.f);
+  const void* two[] = {a.data(), b.data()};
+  RR_EXPECT_THROWS(reduce_many(a.data() + 1, two, 2, 4, DType::Float32, RedOp::Sum, 1), "overlaps");
+  RR_EXPECT_THROWS(reduce_many(a.data(), two, 0, 4, DType::Float32, RedOp::Sum, 1), "sources");
+  RR_EXPECT_THROWS(reduce_many(a.data(), two, 2, 4, DType::Float32, RedOp::BAnd, 1), "band");
+}
+
 RR_TEST(reduce_and_copy_rejects_shared_buffers_and_bad_arguments) {
   float a[64] = {}, b[64] = {}, d[64] = {}, o[64] = {};
   reduce_and_copy(d, b, a, b, 32, DType::Float32, RedOp::Sum, 2);  // out == b: an in-place op

@@ -1,6 +1,7 @@
 #include "transport/shm/shm_transport.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -79,6 +80,12 @@ struct ShmTransport::Segment {
   char reason[kReasonBytes];
   // Bumped by peers on every message to / slot freed for this rank, where doorbells are on.
   alignas(64) WaitWord doorbell;
+  // The window (PeerWindow): phases published by the owner, the fingerprint of the op each of
+  // its two buffers holds, and whether it waits in a window op now (for a peer that looks for a
+  // desync between a window op and a message op).
+  alignas(64) WaitWord wstamp;
+  alignas(64) MsgHeader whdr[2];
+  std::atomic<uint32_t> in_window;
 };
 
 // One per (receiver, sender) pair, in the receiver's segment. head is written only by the sender,
@@ -110,6 +117,9 @@ ShmTransport::ShmTransport(Bootstrap& bs, const std::string& prefix, int rank, i
   slot_stride_ = round_up(kSlotHeaderBytes + cfg.slot_bytes, kPage);
   fifo_stride_ = kPage + static_cast<size_t>(cfg.nslots) * slot_stride_;
   segment_bytes_ = kPage + static_cast<size_t>(size) * fifo_stride_;
+  window_offset_ = segment_bytes_;
+  window_stride_ = round_up(cfg.window_bytes, kPage);
+  segment_bytes_ += 2 * window_stride_;
   bases_.assign(size, nullptr);
   sent_.assign(size, 0);
   received_.assign(size, 0);
@@ -265,9 +275,9 @@ void ShmTransport::throw_aborted(const OpContext& op) const {
                                  ": the group was aborted: ", abort_reason()));
 }
 
-template <class Ready>
+template <class Ready, class Check>
 void ShmTransport::wait_until(WaitWord& word, Ready ready, int peer, const char* waiting_for,
-                              const OpContext& op, const Deadline& dl) {
+                              const OpContext& op, const Deadline& dl, Check check) {
   if (ready(word.value.load(std::memory_order_acquire))) return;
   Segment* own = segment(rank_);
   if (own->aborted.load(std::memory_order_acquire)) throw_aborted(op);
@@ -280,12 +290,21 @@ void ShmTransport::wait_until(WaitWord& word, Ready ready, int peer, const char*
     if ((i & 63) == 0 && Clock::now() >= spin_until) break;
   }
 
-  // From here on we sleep: say on whom, so a peer that times out can follow the chain.
+  // From here on we yield or sleep: say on whom, so a peer that times out can follow the chain.
   own->blocked_on.store(peer, std::memory_order_relaxed);
   struct Unblock {
     Segment* s;
     ~Unblock() { s->blocked_on.store(-1, std::memory_order_relaxed); }
   } unblock{own};
+  if (cfg_.yield.count() > 0) {
+    const auto yield_until = Clock::now() + cfg_.yield;
+    do {
+      sched_yield();
+      if (ready(word.value.load(std::memory_order_acquire))) return;
+      if (own->aborted.load(std::memory_order_acquire)) throw_aborted(op);
+    } while (Clock::now() < yield_until);
+    check();
+  }
   for (;;) {
     if (own->aborted.load(std::memory_order_acquire)) throw_aborted(op);
     if (dl.passed()) {
@@ -315,6 +334,7 @@ void ShmTransport::wait_until(WaitWord& word, Ready ready, int peer, const char*
     // the deadline. An abort comes first: a rank that failed for another reason and then exited
     // has said why.
     if (own->aborted.load(std::memory_order_acquire)) throw_aborted(op);
+    check();
     const int32_t pid = segment(peer)->pid;
     if (process_gone(pid)) {
       const std::string msg = detail::cat(
@@ -362,7 +382,7 @@ void* ShmTransport::send_begin(int peer, const OpContext& op, const Deadline& dl
   const uint32_t nslots = cfg_.nslots;
   // Free when fewer than nslots messages are unreleased; unsigned arithmetic survives wrap-around.
   wait_until(f->tail, [seq, nslots](uint32_t tail) { return seq - tail < nslots; }, peer,
-             "a free slot: the peer has not consumed earlier messages", op, dl);
+                          "a free slot: the peer has not consumed earlier messages", op, dl, [] {});
   return slot(peer, rank_, seq) + kSlotHeaderBytes;
 }
 
@@ -372,7 +392,7 @@ void ShmTransport::send_end(int peer, const MsgHeader& hdr) {
   std::memcpy(slot(peer, rank_, sent_[peer]), &hdr, sizeof hdr);
   sent_[peer] += 1;
   // seq_cst store: orders the payload before it.
-  publish(fifo(peer, rank_)->head, static_cast<uint32_t>(sent_[peer]));
+  ringreduce::publish(fifo(peer, rank_)->head, static_cast<uint32_t>(sent_[peer]));
   if (cfg_.doorbells) ring(peer);
 }
 
@@ -383,7 +403,7 @@ const void* ShmTransport::recv_begin(int peer, MsgHeader* hdr, const OpContext& 
   Fifo* f = fifo(rank_, peer);
   const uint32_t want = static_cast<uint32_t>(received_[peer]);
   wait_until(f->head, [want](uint32_t head) { return head - want - 1 < 0x80000000u; }, peer,
-             "its data", op, dl);
+             "its data", op, dl, [] {});
   const uint8_t* s = slot(rank_, peer, received_[peer]);
   std::memcpy(hdr, s, sizeof *hdr);
   // The header came from another process: never let it steer a read past the slot.
@@ -395,7 +415,7 @@ const void* ShmTransport::recv_begin(int peer, MsgHeader* hdr, const OpContext& 
 
 void ShmTransport::recv_end(int peer) {
   received_[peer] += 1;
-  publish(fifo(rank_, peer)->tail, static_cast<uint32_t>(received_[peer]));
+  ringreduce::publish(fifo(rank_, peer)->tail, static_cast<uint32_t>(received_[peer]));
   if (cfg_.doorbells) ring(peer);
 }
 
@@ -423,6 +443,89 @@ const void* ShmTransport::try_recv_begin(int peer, MsgHeader* hdr) {
   RR_CHECK(hdr->bytes <= max_payload(), "ringreduce shm: rank ", rank_, " got a message of ",
            hdr->bytes, " bytes from rank ", peer, ", larger than a slot (", max_payload(), ")");
   return s + kSlotHeaderBytes;
+}
+
+PeerWindow* ShmTransport::window() {
+  if (cfg_.window_bytes == 0) return nullptr;
+  for (int p = 0; p < size_; ++p) {
+    if (bases_[p] == nullptr) return nullptr;
+  }
+  return this;
+}
+
+uint8_t* ShmTransport::window_buffer(int owner, uint64_t op_index) const {
+  return static_cast<uint8_t*>(bases_[owner]) + window_offset_ + (op_index % 2) * window_stride_;
+}
+
+uint8_t* ShmTransport::begin(const MsgHeader& fp, const OpContext& op) {
+  Segment* own = segment(rank_);
+  own->op_seq.store(op.seq + 1, std::memory_order_relaxed);
+  ++window_ops_;
+  window_fp_ = fp;
+  // Safe to write before publishing: a peer reads this header only after it has seen this op's
+  // first phase, and no peer still reads the header of op k-2 (see PeerWindow).
+  own->whdr[window_ops_ % 2] = fp;
+  return window_buffer(rank_, window_ops_);
+}
+
+const uint8_t* ShmTransport::buffer(int rank) const { return window_buffer(rank, window_ops_); }
+
+void ShmTransport::publish() {
+  ++window_stamp_;
+  // seq_cst store: orders the buffer's contents and the header before it.
+  ringreduce::publish(segment(rank_)->wstamp, window_stamp_);
+}
+
+std::string ShmTransport::message_op_of(int peer, const MsgHeader& fp) const {
+  // Every message of an earlier op has been received by the time it ended, so one waiting now is
+  // of the op the peer is in.
+  const Fifo* f = fifo(rank_, peer);
+  if (f->head.value.load(std::memory_order_acquire) != static_cast<uint32_t>(received_[peer])) {
+    MsgHeader h;
+    std::memcpy(&h, slot(rank_, peer, received_[peer]), sizeof h);
+    return detail::cat("rank ", peer, " sent ", describe_op(h));
+  }
+  const Segment* ps = segment(peer);
+  if (ps->op_seq.load(std::memory_order_acquire) == fp.seq + 1 &&
+      ps->blocked_on.load(std::memory_order_relaxed) == rank_ &&
+      ps->in_window.load(std::memory_order_relaxed) == 0) {
+    return detail::cat("rank ", peer, " waits for a message from rank ", rank_, " in op #", fp.seq);
+  }
+  return "";
+}
+
+void ShmTransport::wait_all(const OpContext& op, const Deadline& dl) {
+  Segment* own = segment(rank_);
+  own->in_window.store(1, std::memory_order_relaxed);
+  struct Leave {
+    Segment* s;
+    ~Leave() { s->in_window.store(0, std::memory_order_relaxed); }
+  } leave{own};
+  const uint32_t want = window_stamp_;
+  const MsgHeader& fp = window_fp_;
+  auto differ = [&](int peer, const std::string& theirs) {
+    const std::string aborted = abort_reason();
+    if (!aborted.empty()) throw_aborted(op);
+    const std::string msg = detail::cat("ringreduce ", op.name, " #", op.seq, ": rank ", rank_,
+                                        " and rank ", peer, " called different collectives: ",
+                                        theirs, ", rank ", rank_, " is in ", describe_op(fp));
+    abort_group(msg);
+    throw Error(msg);
+  };
+  // Peers in ring order from this rank's successor: each rank starts with a different one.
+  for (int i = 1; i < size_; ++i) {
+    const int p = (rank_ + i) % size_;
+    Segment* ps = segment(p);
+    wait_until(ps->wstamp, [want](uint32_t v) { return static_cast<int32_t>(v - want) >= 0; }, p,
+               "its part of the op in shared memory", op, dl, [&] {
+                 const std::string theirs = message_op_of(p, fp);
+                 if (!theirs.empty()) differ(p, theirs);
+               });
+    const MsgHeader got = ps->whdr[window_ops_ % 2];
+    if (!same_op(got, fp) || got.bytes != fp.bytes) {
+      differ(p, detail::cat("rank ", p, " is in ", describe_op(got)));
+    }
+  }
 }
 
 void ShmTransport::ring(int owner) {

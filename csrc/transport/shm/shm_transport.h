@@ -25,6 +25,10 @@ struct ShmConfig {
   size_t slot_bytes = 256 << 10;          // payload bytes of one slot (= largest slice)
   uint32_t nslots = 4;                    // slots per FIFO (>= 2): how far a sender may run ahead
   std::chrono::microseconds spin{20};     // spin this long before sleeping on a futex
+  // Then yield the CPU this long before sleeping. With more ranks than cores the rank waited for
+  // is often runnable but has no core: a yield hands it one at once, where a futex sleep would
+  // cost a wake-up (tens of microseconds in a VM) on every hand-off. 0: go straight to sleep.
+  std::chrono::microseconds yield{0};
   // Ring the peer's doorbell on every send_end / recv_end. Costs one more atomic per message, so
   // only the point-to-point transport, whose engine waits on all peers at once, turns it on.
   bool doorbells = false;
@@ -32,9 +36,12 @@ struct ShmConfig {
   // carries only their headers and the FIFO control; a header may then announce up to this many
   // bytes, and slot_bytes can be the minimum.
   size_t external_payload_bytes = 0;
+  // Bytes of each of a rank's two window buffers (PeerWindow), in its segment after the FIFOs;
+  // 0: no window. Offered only when every peer is reachable through shared memory.
+  size_t window_bytes = 0;
 };
 
-class ShmTransport final : public Transport {
+class ShmTransport final : public Transport, private PeerWindow {
  public:
   // Collective over the group: every rank constructs its transport at the same time. `prefix`
   // scopes the store keys to this incarnation of the group (incarnation_prefix()).
@@ -65,6 +72,8 @@ class ShmTransport final : public Transport {
   uint32_t doorbell() const override;
   void ring_doorbell() override;
   void wait_doorbell(uint32_t seen, std::chrono::nanoseconds at_most) override;
+
+  PeerWindow* window() override;
 
   void abort_group(const std::string& why) override;
   std::string abort_reason() const override;
@@ -99,13 +108,27 @@ class ShmTransport final : public Transport {
   Fifo* fifo(int receiver, int sender) const;
   uint8_t* slot(int receiver, int sender, uint64_t index) const;
 
-  template <class Ready>
+  // `check` runs whenever the wait has made no progress for a while (each wake-up from a
+  // sleep): it may throw to end the wait, as a found desync does.
+  template <class Ready, class Check>
   void wait_until(WaitWord& word, Ready ready, int peer, const char* waiting_for,
-                  const OpContext& op, const Deadline& dl);
+                  const OpContext& op, const Deadline& dl, Check check);
   [[noreturn]] void throw_aborted(const OpContext& op) const;
   void check_peer(int peer, const char* what) const;
   void ring(int owner);
   void unmap_all();
+
+  // PeerWindow, over the window area of every segment.
+  size_t capacity() const override { return cfg_.window_bytes; }
+  uint8_t* begin(const MsgHeader& fp, const OpContext& op) override;
+  const uint8_t* buffer(int rank) const override;
+  void publish() override;
+  void wait_all(const OpContext& op, const Deadline& dl) override;
+  uint8_t* window_buffer(int owner, uint64_t op_index) const;
+  // Why `peer` cannot be in the window op `fp` that this rank waits in: a message of another op
+  // from it waits in this rank's inbox, or it sleeps waiting for a message from this rank. Empty
+  // when neither.
+  std::string message_op_of(int peer, const MsgHeader& fp) const;
 
   int rank_;
   int size_;
@@ -120,6 +143,11 @@ class ShmTransport final : public Transport {
   // nslots) never jumps when a 32-bit count wraps; the shared counters carry the low 32 bits.
   std::vector<uint64_t> sent_;
   std::vector<uint64_t> received_;
+  size_t window_offset_ = 0;   // where the window buffers start in a segment
+  size_t window_stride_ = 0;   // one buffer, page-rounded
+  uint64_t window_ops_ = 0;    // window ops begun here: the current one's buffer is this modulo 2
+  uint32_t window_stamp_ = 0;  // phases this rank has published (the same count on every rank)
+  MsgHeader window_fp_;        // the current window op's fingerprint
 };
 
 }  // namespace ringreduce

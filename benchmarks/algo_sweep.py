@@ -1,0 +1,113 @@
+"""The measurement behind the all-reduce crossover table (csrc/algo/select.cpp).
+
+    python benchmarks/algo_sweep.py -g 2            # 2 local ranks, 1K..4M
+    python benchmarks/algo_sweep.py -g 4 -b 4K -e 1M --rounds 7
+
+Every algorithm runs in the same processes, forced in turn with the backend's set_algorithm at
+each size, for several rounds with the order rotated each round; a cell is the median over rounds
+of the slowest rank's mean time. Machines are noisy, so only the comparison within one run means
+anything. The last column is the algorithm the table picks at that size ("auto").
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+ALGOS = ("ring", "oneshot", "twoshot")
+
+
+def _size(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper().removesuffix("B").removesuffix("I")
+    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+
+
+def _fmt(nbytes: int) -> str:
+    for unit, scale in (("M", 1 << 20), ("K", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return str(nbytes)
+
+
+def _time(t: torch.Tensor, iters: int, control) -> float:
+    for _ in range(5):
+        dist.all_reduce(t)
+    dist.barrier(group=control)
+    start = time.perf_counter()
+    for _ in range(iters):
+        dist.all_reduce(t)
+    mine = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64)
+    dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=control)
+    return mine.item()
+
+
+def _rank(rank: int, world: int, port: int, args: argparse.Namespace, queue) -> None:
+    import ringreduce  # noqa: F401  (registers the backend)
+
+    torch.set_num_threads(1)
+    dist.init_process_group("ringreduce", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    control = dist.new_group(backend="gloo")
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    sizes, size = [], args.minbytes
+    while size <= args.maxbytes:
+        sizes.append(size)
+        size *= args.stepfactor
+    rows = []
+    for nbytes in sizes:
+        t = torch.randn(nbytes // 4)
+        iters = max(20, min(20000, int(args.seconds / max(nbytes / 2e9, 5e-6))))
+        times = {a: [] for a in ALGOS}
+        for r in range(args.rounds):
+            for a in ALGOS[r % len(ALGOS):] + ALGOS[:r % len(ALGOS)]:
+                dist.barrier(group=control)
+                backend.set_algorithm(a)
+                times[a].append(_time(t, iters, control))
+        backend.set_algorithm("auto")
+        rows.append((nbytes, {a: statistics.median(v) for a, v in times.items()},
+                     backend.algorithm("allreduce", nbytes)))
+    if rank == 0:
+        queue.put((rows, backend.algorithms))
+    dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("-g", "--nproc", type=int, default=2)
+    p.add_argument("-b", "--minbytes", type=_size, default=1 << 10)
+    p.add_argument("-e", "--maxbytes", type=_size, default=4 << 20)
+    p.add_argument("-f", "--stepfactor", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--seconds", type=float, default=0.05, help="per measurement (default 0.05)")
+    args = p.parse_args(argv)
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = 20000 + os.getpid() % 20000
+    procs = [ctx.Process(target=_rank, args=(r, args.nproc, port, args, queue)) for r in range(args.nproc)]
+    for proc in procs:
+        proc.start()
+    rows, crossovers = queue.get(timeout=3600)
+    for proc in procs:
+        proc.join()
+    print(f"# ringreduce all-reduce by algorithm, float32 sum, {args.nproc} ranks on {os.cpu_count()} CPUs, "
+          f"{datetime.date.today()}; median of {args.rounds} rounds, order rotated")
+    print(f"# table in force: {crossovers}")
+    print(f"{'size':>8} " + " ".join(f"{a + '(us)':>12}" for a in ALGOS) + f" {'fastest':>9} {'auto':>9}")
+    for nbytes, t, auto in rows:
+        best = min(t, key=t.get)
+        print(f"{_fmt(nbytes):>8} " + " ".join(f"{t[a] * 1e6:12.1f}" for a in ALGOS) + f" {best:>9} {auto:>9}")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+#include "algo/collectives.h"
+
+#include "algo/oneshot.h"
+#include "algo/twoshot.h"
+
+namespace ringreduce {
+
+namespace {
+
+// The fingerprint of a window op: as the ring's messages carry it, with the algorithm in `bytes`
+// so that ranks that chose differently (a configuration they do not share) fail as a desync.
+MsgHeader window_fp(const OpContext& ctx, OpKind kind, size_t count, DType t, RedOp op,
+                    int64_t divisor, int root, Algo a) {
+  MsgHeader h;
+  h.seq = ctx.seq;
+  h.count = count;
+  h.bytes = static_cast<uint64_t>(a);
+  h.kind = static_cast<uint32_t>(kind);
+  h.dtype = static_cast<uint8_t>(t);
+  h.redop = static_cast<uint8_t>(static_cast<uint8_t>(op) | (divisor != 1 ? 0x80 : 0));
+  h.root = static_cast<int16_t>(root);
+  return h;
+}
+
+}  // namespace
+
+Collectives::Collectives(Ring& ring, PeerWindow* window, const Selector& selector)
+    : ring_(ring), w_(window), sel_(selector), rank_(ring.rank()), size_(ring.size()) {}
+
+Algo Collectives::algorithm(OpKind kind, size_t bytes) const {
+  if (w_ == nullptr || size_ == 1) return Algo::Ring;
+  return kind == OpKind::Allreduce ? sel_.allreduce(bytes) : sel_.other(kind, bytes);
+}
+
+void Collectives::allreduce(const void* in, void* out, size_t count, DType t, RedOp op,
+                            int64_t divisor, const OpContext& ctx, const Deadline& dl) {
+  const Algo a = algorithm(OpKind::Allreduce, count * dtype_size(t));
+  if (a == Algo::Ring) return ring_.allreduce(in, out, count, t, op, divisor, ctx, dl);
+  const MsgHeader fp = window_fp(ctx, OpKind::Allreduce, count, t, op, divisor, -1, a);
+  const oneshot::Call c{*w_, rank_, size_, fp, ctx, dl};
+  if (a == Algo::TwoShot) return twoshot::allreduce(c, in, out, count, t, op, divisor);
+  oneshot::allreduce(c, in, out, count, t, op, divisor);
+}
+
+void Collectives::reduce_scatter(const Chunks& in, void* out, size_t count, DType t, RedOp op,
+                                 int64_t divisor, const OpContext& ctx, const Deadline& dl) {
+  const size_t whole = count * dtype_size(t) * static_cast<size_t>(size_);
+  const Algo a = algorithm(OpKind::ReduceScatter, whole);
+  if (a == Algo::Ring) return ring_.reduce_scatter(in, out, count, t, op, divisor, ctx, dl);
+  const MsgHeader fp = window_fp(ctx, OpKind::ReduceScatter, count, t, op, divisor, -1, a);
+  oneshot::reduce_scatter({*w_, rank_, size_, fp, ctx, dl}, in, out, count, t, op, divisor);
+}
+
+void Collectives::all_gather(const void* in, const Chunks& out, size_t count, DType t,
+                             const OpContext& ctx, const Deadline& dl) {
+  const Algo a = algorithm(OpKind::AllGather, count * dtype_size(t));
+  if (a == Algo::Ring) return ring_.all_gather(in, out, count, t, ctx, dl);
+  const MsgHeader fp = window_fp(ctx, OpKind::AllGather, count, t, RedOp::Sum, 1, -1, a);
+  oneshot::all_gather(in, {*w_, rank_, size_, fp, ctx, dl}, out, count, t);
+}
+
+void Collectives::reduce(const void* in, void* out, size_t count, DType t, RedOp op,
+                         int64_t divisor, int root, const OpContext& ctx, const Deadline& dl) {
+  const Algo a = root >= 0 && root < size_ ? algorithm(OpKind::Reduce, count * dtype_size(t))
+                                           : Algo::Ring;  // the ring names a bad root
+  if (a == Algo::Ring) return ring_.reduce(in, out, count, t, op, divisor, root, ctx, dl);
+  const MsgHeader fp = window_fp(ctx, OpKind::Reduce, count, t, op, divisor, root, a);
+  oneshot::reduce({*w_, rank_, size_, fp, ctx, dl}, in, out, count, t, op, divisor, root);
+}
+
+void Collectives::broadcast(void* buf, size_t count, DType t, int root, const OpContext& ctx,
+                            const Deadline& dl) {
+  const Algo a = root >= 0 && root < size_ ? algorithm(OpKind::Broadcast, count * dtype_size(t))
+                                           : Algo::Ring;
+  if (a == Algo::Ring) return ring_.broadcast(buf, count, t, root, ctx, dl);
+  const MsgHeader fp = window_fp(ctx, OpKind::Broadcast, count, t, RedOp::Sum, 1, root, a);
+  oneshot::broadcast({*w_, rank_, size_, fp, ctx, dl}, buf, count, t, root);
+}
+
+void Collectives::barrier(const OpContext& ctx, const Deadline& dl) {
+  const Algo a = algorithm(OpKind::Barrier, 0);
+  if (a == Algo::Ring) return ring_.barrier(ctx, dl);
+  const MsgHeader fp = window_fp(ctx, OpKind::Barrier, 0, DType::UInt8, RedOp::Sum, 1, -1, a);
+  oneshot::barrier({*w_, rank_, size_, fp, ctx, dl});
+}
+
+}  // namespace ringreduce

@@ -1,0 +1,62 @@
+// The algorithm layer's front: what the backend calls for every collective.
+//
+// Each call asks the Selector (algo/select.h) which algorithm serves it and runs that one: the
+// ring and its relatives over messages (ring/ring.h), or the one-shot and two-shot forms over the
+// shared window (algo/oneshot.h, algo/twoshot.h). The methods have the contracts of Ring's.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "algo/select.h"
+#include "ring/ring.h"
+
+namespace ringreduce {
+
+class Collectives {
+ public:
+  // `ring` and `window` (null: messages only) outlive this.
+  Collectives(Ring& ring, PeerWindow* window, const Selector& selector);
+
+  void allreduce(const void* in, void* out, size_t count, DType t, RedOp op, int64_t divisor,
+                 const OpContext& ctx, const Deadline& dl);
+  void reduce_scatter(const Chunks& in, void* out, size_t count, DType t, RedOp op, int64_t divisor,
+                      const OpContext& ctx, const Deadline& dl);
+  void all_gather(const void* in, const Chunks& out, size_t count, DType t, const OpContext& ctx,
+                  const Deadline& dl);
+  void reduce(const void* in, void* out, size_t count, DType t, RedOp op, int64_t divisor, int root,
+              const OpContext& ctx, const Deadline& dl);
+  void broadcast(void* buf, size_t count, DType t, int root, const OpContext& ctx,
+                 const Deadline& dl);
+  void barrier(const OpContext& ctx, const Deadline& dl);
+  // These move each byte once, between two ranks: messages serve them at every size.
+  void gather(const void* in, const Chunks& out, size_t count, DType t, int root,
+              const OpContext& ctx, const Deadline& dl) {
+    ring_.gather(in, out, count, t, root, ctx, dl);
+  }
+  void scatter(const Chunks& in, void* out, size_t count, DType t, int root, const OpContext& ctx,
+               const Deadline& dl) {
+    ring_.scatter(in, out, count, t, root, ctx, dl);
+  }
+  void alltoall(const Chunks& in, const std::vector<size_t>& send_counts, const Chunks& out,
+                const std::vector<size_t>& recv_counts, DType t, const OpContext& ctx,
+                const Deadline& dl) {
+    ring_.alltoall(in, send_counts, out, recv_counts, t, ctx, dl);
+  }
+
+  // The algorithm a call of `kind` with `bytes` per rank (the whole input for reduce_scatter)
+  // would take in this group.
+  Algo algorithm(OpKind kind, size_t bytes) const;
+  const Selector& selector() const { return sel_; }
+  void set_selector(const Selector& s) { sel_ = s; }
+
+ private:
+  Ring& ring_;
+  PeerWindow* w_;
+  Selector sel_;
+  int rank_;
+  int size_;
+};
+
+}  // namespace ringreduce

@@ -1,0 +1,93 @@
+#include "algo/oneshot.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "reduce/reduce.h"
+
+namespace ringreduce::oneshot {
+
+namespace {
+
+// Begins the op, lets `fill` write this rank's contribution, publishes it and waits for every
+// peer's. Returns this rank's buffer.
+template <class Fill>
+uint8_t* exchange(const Call& c, Fill&& fill) {
+  uint8_t* mine = c.w.begin(c.fp, c.ctx);
+  fill(mine);
+  c.w.publish();
+  c.w.wait_all(c.ctx, c.dl);
+  return mine;
+}
+
+}  // namespace
+
+void reduce_chunk(const Call& c, void* dst, int chunk, size_t offset, size_t len, DType t,
+                  RedOp op, int64_t divisor) {
+  if (len == 0) return;
+  std::vector<const void*> src(static_cast<size_t>(c.size));
+  for (int k = 0; k < c.size; ++k) src[k] = c.w.buffer((chunk + 1 + k) % c.size) + offset;
+  reduce_many(dst, src.data(), c.size, len, t, op, divisor);
+}
+
+namespace {
+
+// An all-reduce's result into out, chunk by chunk as the ring cuts it.
+void reduce_all_chunks(const Call& c, void* out, size_t count, DType t, RedOp op, int64_t divisor) {
+  const size_t es = dtype_size(t);
+  const size_t chunk = (count + c.size - 1) / c.size;
+  for (int ch = 0; ch < c.size; ++ch) {
+    const size_t lo = std::min(count, static_cast<size_t>(ch) * chunk);
+    reduce_chunk(c, static_cast<uint8_t*>(out) + lo * es, ch, lo * es, std::min(count - lo, chunk),
+                 t, op, divisor);
+  }
+}
+
+}  // namespace
+
+void allreduce(const Call& c, const void* in, void* out, size_t count, DType t, RedOp op,
+               int64_t divisor) {
+  const size_t bytes = count * dtype_size(t);
+  exchange(c, [&](uint8_t* mine) { copy(mine, in, bytes); });
+  reduce_all_chunks(c, out, count, t, op, divisor);
+}
+
+void reduce_scatter(const Call& c, const Chunks& in, void* out, size_t count, DType t, RedOp op,
+                    int64_t divisor) {
+  const size_t bytes = count * dtype_size(t);
+  exchange(c, [&](uint8_t* mine) {
+    for (int p = 0; p < c.size; ++p) copy(mine + p * bytes, in.at(p), bytes);
+  });
+  reduce_chunk(c, out, c.rank, c.rank * bytes, count, t, op, divisor);
+}
+
+void all_gather(const void* in, const Call& c, const Chunks& out, size_t count, DType t) {
+  const size_t bytes = count * dtype_size(t);
+  exchange(c, [&](uint8_t* mine) { copy(mine, in, bytes); });
+  for (int p = 0; p < c.size; ++p) {
+    // Its own chunk from its input, unless the input is that chunk already.
+    const void* from = p == c.rank ? in : c.w.buffer(p);
+    if (out.at(p) != from) copy(out.at(p), from, bytes);
+  }
+}
+
+void broadcast(const Call& c, void* buf, size_t count, DType t, int root) {
+  const size_t bytes = count * dtype_size(t);
+  exchange(c, [&](uint8_t* mine) {
+    if (c.rank == root) copy(mine, buf, bytes);
+  });
+  if (c.rank != root) copy(buf, c.w.buffer(root), bytes);
+}
+
+void reduce(const Call& c, const void* in, void* out, size_t count, DType t, RedOp op,
+            int64_t divisor, int root) {
+  const size_t bytes = count * dtype_size(t);
+  exchange(c, [&](uint8_t* mine) { copy(mine, in, bytes); });
+  if (c.rank == root) reduce_all_chunks(c, out, count, t, op, divisor);
+}
+
+void barrier(const Call& c) {
+  exchange(c, [](uint8_t*) {});
+}
+
+}  // namespace ringreduce::oneshot

@@ -1,0 +1,94 @@
+#include "algo/select.h"
+
+#include <algorithm>
+
+#include "common/error.h"
+
+namespace ringreduce {
+
+namespace {
+
+// All-reduce crossovers by world size, in bytes per rank (docs/algorithms.md, "Crossovers").
+// One-shot moves n times the message through every rank's reduction but needs one exchange;
+// two-shot moves about twice the message and needs two; the ring moves 2(n-1)/n of it but needs
+// 2(n-1) hand-offs in a row per slice. So one-shot wins where a hand-off costs more than reading
+// the n inputs, two-shot above that until its buffers fall out of cache, the ring beyond.
+struct Crossover {
+  int world;            // this row serves groups of up to this many ranks
+  size_t oneshot_max;   // one-shot up to here
+  size_t twoshot_max;   // then two-shot up to here (capped by the window), the ring above
+  size_t other_max;     // the other collectives' window form up to here
+};
+
+constexpr Crossover kTable[] = {
+    {2, 64u << 10, 1u << 20, 256u << 10},
+    {4, 16u << 10, 1u << 20, 256u << 10},
+    {8, 16u << 10, 1u << 20, 128u << 10},
+    {1 << 30, 8u << 10, 512u << 10, 64u << 10},
+};
+
+const Crossover& row_for(int world) {
+  for (const Crossover& c : kTable) {
+    if (world <= c.world) return c;
+  }
+  return kTable[sizeof kTable / sizeof kTable[0] - 1];
+}
+
+}  // namespace
+
+const char* algo_name(Algo a) {
+  switch (a) {
+    case Algo::Auto: return "auto";
+    case Algo::Ring: return "ring";
+    case Algo::OneShot: return "oneshot";
+    case Algo::TwoShot: return "twoshot";
+  }
+  return "unknown";
+}
+
+Algo parse_algo(const std::string& text, const char* what) {
+  for (Algo a : {Algo::Auto, Algo::Ring, Algo::OneShot, Algo::TwoShot}) {
+    if (text == algo_name(a)) return a;
+  }
+  throw Error(detail::cat("ringreduce: ", what, "=", text, " is not an algorithm (use auto, ring, ",
+                          "oneshot or twoshot)"));
+}
+
+Selector::Selector(int world, size_t window_bytes, Algo forced)
+    : world_(world), window_(world > 1 ? window_bytes : 0), forced_(forced) {
+  const Crossover& c = row_for(world);
+  oneshot_max_ = std::min(c.oneshot_max, window_);
+  twoshot_max_ = std::min(c.twoshot_max, window_);
+  other_max_ = std::min(c.other_max, window_);
+}
+
+Algo Selector::allreduce(size_t bytes) const {
+  if (window_ == 0 || bytes > window_) return Algo::Ring;
+  switch (forced_) {
+    case Algo::Auto: break;
+    default: return forced_;
+  }
+  if (bytes <= oneshot_max_) return Algo::OneShot;
+  if (bytes <= twoshot_max_) return Algo::TwoShot;
+  return Algo::Ring;
+}
+
+Algo Selector::other(OpKind kind, size_t bytes) const {
+  if (window_ == 0 || bytes > window_) return Algo::Ring;
+  if (forced_ == Algo::Ring) return Algo::Ring;
+  if (forced_ != Algo::Auto) return Algo::OneShot;
+  // A barrier carries nothing: one exchange through the window is all it is.
+  if (kind == OpKind::Barrier) return Algo::OneShot;
+  return bytes <= other_max_ ? Algo::OneShot : Algo::Ring;
+}
+
+std::string Selector::describe() const {
+  if (window_ == 0) return world_ > 1 ? "ring (no shared window)" : "local copy (one rank)";
+  if (forced_ != Algo::Auto) {
+    return detail::cat(algo_name(forced_), " forced (up to ", window_, " bytes, the ring above)");
+  }
+  return detail::cat("oneshot<=", oneshot_max_, " twoshot<=", twoshot_max_, " ring above; ",
+                     "other collectives through the window <=", other_max_);
+}
+
+}  // namespace ringreduce

@@ -1,0 +1,178 @@
+// The algorithm layer (csrc/algo) over the shared-memory transport and its window, with threads
+// as ranks: every algorithm forced in turn against exact integer sums, the three giving the same
+// float bits, the window forms of the other collectives, and ranks that disagree failing on every
+// rank before any output is written. The sanitizer builds see every access to the window.
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "algo/collectives.h"
+#include "common/error.h"
+#include "map_bootstrap.h"
+#include "rrtest.h"
+#include "transport/shm/shm_transport.h"
+
+using namespace ringreduce;
+using std::chrono::milliseconds;
+
+namespace {
+
+const Algo kAlgos[] = {Algo::Ring, Algo::OneShot, Algo::TwoShot};
+
+// Runs fn(rank, collectives) on n threads, with `algo` forced; returns each rank's error ("" if none).
+std::vector<std::string> run_group(int n, Algo algo, const std::function<void(int, Collectives&)>& fn) {
+  MapBootstrap bs;
+  ShmConfig cfg;
+  cfg.slot_bytes = 4096;  // small slices: the ring runs many of them
+  cfg.nslots = 2;
+  cfg.window_bytes = 1 << 20;
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        ShmTransport t(bs, incarnation_prefix(bs, n), r, n, cfg);
+        Ring ring(t, cfg.slot_bytes);
+        Collectives coll(ring, t.window(), Selector(n, cfg.window_bytes, algo));
+        fn(r, coll);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+OpContext ctx(uint64_t seq, const char* name) {
+  OpContext c;
+  c.name = name;
+  c.seq = seq;
+  c.timeout = milliseconds(20000);
+  return c;
+}
+
+int32_t input_of(int rank, size_t i) {
+  return static_cast<int32_t>((i * 2654435761u + static_cast<uint32_t>(rank) * 40503u) % 2001) - 1000;
+}
+
+}  // namespace
+
+RR_TEST(every_algorithm_sums_int32_exactly) {
+  for (int n : {2, 3, 4}) {
+    for (Algo a : kAlgos) {
+      std::vector<std::string> bad(n);
+      auto errors = run_group(n, a, [&](int r, Collectives& coll) {
+        uint64_t seq = 0;
+        for (size_t count : {size_t(0), size_t(1), size_t(n - 1), size_t(1009), size_t(70001)}) {
+          std::vector<int32_t> in(count), out(count, 7);
+          for (size_t i = 0; i < count; ++i) in[i] = input_of(r, i);
+          coll.allreduce(in.data(), out.data(), count, DType::Int32, RedOp::Sum, 1,
+                         ctx(seq++, "allreduce"), Deadline::after(milliseconds(20000)));
+          for (size_t i = 0; i < count && bad[r].empty(); ++i) {
+            int32_t want = 0;
+            for (int p = 0; p < n; ++p) want += input_of(p, i);
+            if (out[i] != want) bad[r] = rrtest::message("count=", count, " i=", i, " got ", out[i], " want ", want);
+          }
+        }
+      });
+      for (int r = 0; r < n; ++r) {
+        RR_EXPECT(errors[r].empty() && bad[r].empty(), "n=", n, " ", algo_name(a), " rank ", r, ": ",
+                  errors[r], bad[r]);
+      }
+    }
+  }
+}
+
+RR_TEST(the_algorithms_give_the_same_float_bits) {
+  const int n = 3;
+  const size_t count = 5003;
+  std::vector<std::vector<float>> results;
+  for (Algo a : kAlgos) {
+    std::vector<float> got(count);
+    auto errors = run_group(n, a, [&](int r, Collectives& coll) {
+      std::vector<float> buf(count);
+      for (size_t i = 0; i < count; ++i) buf[i] = 0.1f * static_cast<float>(input_of(r, i)) + 1e-3f * r;
+      coll.allreduce(buf.data(), buf.data(), count, DType::Float32, RedOp::Sum, n, ctx(0, "allreduce"),
+                     Deadline::after(milliseconds(20000)));
+      if (r == 1) got = buf;
+    });
+    for (auto& e : errors) RR_EXPECT(e.empty(), algo_name(a), ": ", e);
+    results.push_back(got);
+  }
+  RR_EXPECT(std::memcmp(results[0].data(), results[1].data(), count * 4) == 0, "oneshot differs from the ring");
+  RR_EXPECT(std::memcmp(results[0].data(), results[2].data(), count * 4) == 0, "twoshot differs from the ring");
+}
+
+RR_TEST(window_forms_of_the_other_collectives) {
+  const int n = 3;
+  const size_t count = 777;
+  std::vector<std::string> bad(n);
+  auto errors = run_group(n, Algo::OneShot, [&](int r, Collectives& coll) {
+    const Deadline dl = Deadline::after(milliseconds(20000));
+    uint64_t seq = 0;
+    auto expect = [&](bool ok, const char* what) {
+      if (!ok && bad[r].empty()) bad[r] = what;
+    };
+    std::vector<int32_t> mine(count), all(count * n);
+    for (size_t i = 0; i < count; ++i) mine[i] = input_of(r, i);
+    coll.all_gather(mine.data(), Chunks(all.data(), count * 4), count, DType::Int32, ctx(seq++, "allgather"), dl);
+    for (int p = 0; p < n; ++p) {
+      for (size_t i = 0; i < count; ++i) expect(all[p * count + i] == input_of(p, i), "allgather");
+    }
+    std::vector<int32_t> in(count * n), out(count);
+    for (size_t i = 0; i < in.size(); ++i) in[i] = input_of(r, i);
+    coll.reduce_scatter(Chunks(in.data(), count * 4), out.data(), count, DType::Int32, RedOp::Max, 1,
+                        ctx(seq++, "reduce_scatter"), dl);
+    for (size_t i = 0; i < count; ++i) {
+      int32_t want = input_of(0, r * count + i);
+      for (int p = 1; p < n; ++p) want = std::max(want, input_of(p, r * count + i));
+      expect(out[i] == want, "reduce_scatter");
+    }
+    for (int root = 0; root < n; ++root) {
+      std::vector<int32_t> b(count, r == root ? 5 : -1);
+      coll.broadcast(b.data(), count, DType::Int32, root, ctx(seq++, "broadcast"), dl);
+      for (int32_t v : b) expect(v == 5, "broadcast");
+      std::vector<int32_t> red(count, 9);
+      coll.reduce(mine.data(), red.data(), count, DType::Int32, RedOp::Sum, 1, root, ctx(seq++, "reduce"), dl);
+      for (size_t i = 0; i < count && r == root; ++i) {
+        int32_t want = 0;
+        for (int p = 0; p < n; ++p) want += input_of(p, i);
+        expect(red[i] == want, "reduce");
+      }
+    }
+    coll.barrier(ctx(seq++, "barrier"), dl);
+  });
+  for (int r = 0; r < n; ++r) RR_EXPECT(errors[r].empty() && bad[r].empty(), "rank ", r, ": ", errors[r], bad[r]);
+}
+
+RR_TEST(ranks_that_disagree_fail_everywhere_and_write_no_output) {
+  for (Algo a : {Algo::OneShot, Algo::TwoShot}) {
+    const int n = 3;
+    std::vector<int> untouched(n, 0);
+    auto errors = run_group(n, a, [&](int r, Collectives& coll) {
+      const size_t count = r == 2 ? 60 : 100;  // rank 2 disagrees
+      std::vector<int32_t> in(count, 1), out(count, -7);
+      try {
+        coll.allreduce(in.data(), out.data(), count, DType::Int32, RedOp::Sum, 1, ctx(0, "allreduce"),
+                       Deadline::after(milliseconds(20000)));
+      } catch (...) {
+        bool same = true;
+        for (int32_t v : out) same = same && v == -7;
+        untouched[r] = same;
+        throw;
+      }
+    });
+    for (int r = 0; r < n; ++r) {
+      RR_EXPECT(errors[r].find("called different collectives") != std::string::npos &&
+                    errors[r].find("100") != std::string::npos && errors[r].find("60") != std::string::npos,
+                algo_name(a), " rank ", r, ": ", errors[r]);
+      RR_EXPECT(untouched[r], algo_name(a), " rank ", r, ": the output was written");
+    }
+  }
+}
+
+RR_TEST_MAIN()
