@@ -5,23 +5,14 @@
 
 #include "common/error.h"
 #include "reduce/kernels.h"
+#include "ring/slicing.h"
 
 namespace ringreduce {
 
+using slicing::ceil_div;
+using slicing::kStreamOutputs;
+
 namespace {
-
-// Outputs are written with plain stores. Streaming stores skip the read-for-ownership of each
-// output line, but measured on the development machine (AMD EPYC, 32 MiB L3) they lose: a 2-rank
-// all-reduce of 64 MiB took 5.7-6.3 ms streamed and 4.5 ms plain, 16 MiB 1.5 ms and 0.9 ms,
-// because the caller usually reads its result soon, and plain stores leave part of it in L3.
-constexpr bool kStreamOutputs = false;
-// All-to-all and broadcast are different: they only copy, nothing of their output is read again
-// inside the op, and an output of this size does not stay in L3 anyway. Measured on the
-// development machine, 2 ranks, 64 MiB: all-to-all busbw 4.1-4.6 GB/s plain, 4.9-5.3 with its own
-// block copied last, 7.1-7.5 also streamed; broadcast 16-18 GB/s plain, 25-30 streamed.
-constexpr size_t kStreamLargeOutputBytes = 16u << 20;
-
-size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
 // Lets the transport land receives from `peer` in place for as long as it lives (one op), and
 // stops that however the op ends, before the op's buffers go back to the caller.
@@ -302,150 +293,9 @@ void Ring::reduce(const void* in_ptr, void* out_ptr, size_t count, DType t, RedO
   }
 }
 
-void Ring::gather(const void* in_ptr, const Chunks& out, size_t count, DType t, int root,
-                  const OpContext& ctx, const Deadline& dl) {
-  check_root(root, ctx);
-  const size_t es = dtype_size(t);
-  const auto* in = static_cast<const uint8_t*>(in_ptr);
-  if (rank_ == root && count > 0 && out.at(root) != in) k_.copy(out.at(root), in, count * es, false);
-  if (size_ == 1) return;
-  const Plan p = plan(count, count, t);
-  const MsgHeader fp = fingerprint(ctx, OpKind::Gather, count, t, 0, root);
-  for (size_t j = 0; j < p.nslices; ++j) {
-    const Span sp = span(p, 0, j);
-    if (rank_ != root) {
-      void* dst = t_.send_begin(root, ctx, dl);
-      if (sp.len) k_.copy(dst, in + sp.offset * es, sp.len * es, false);
-      send_done(root, fp, sp.len * es);
-      continue;
-    }
-    // Slice by slice from every peer in turn, so that all of them keep sending.
-    for (int c = 0; c < size_; ++c) {
-      if (c == root) continue;
-      const void* src = recv_checked(c, fp, sp.len * es, ctx, dl);
-      if (sp.len) k_.copy(out.at(c) + sp.offset * es, src, sp.len * es, p.streaming);
-      t_.recv_end(c);
-    }
-  }
-  round(fp, ctx, dl);  // the non-roots only sent: let them hear if the root found a mismatch
-}
-
-void Ring::scatter(const Chunks& in, void* out_ptr, size_t count, DType t, int root,
-                   const OpContext& ctx, const Deadline& dl) {
-  check_root(root, ctx);
-  const size_t es = dtype_size(t);
-  auto* out = static_cast<uint8_t*>(out_ptr);
-  if (rank_ == root && count > 0 && in.at(root) != out) k_.copy(out, in.at(root), count * es, false);
-  if (size_ == 1) return;
-  const Plan p = plan(count, count, t);
-  const MsgHeader fp = fingerprint(ctx, OpKind::Scatter, count, t, 0, root);
-  for (size_t j = 0; j < p.nslices; ++j) {
-    const Span sp = span(p, 0, j);
-    if (rank_ == root) {
-      for (int c = 0; c < size_; ++c) {
-        if (c == root) continue;
-        void* dst = t_.send_begin(c, ctx, dl);
-        if (sp.len) k_.copy(dst, in.at(c) + sp.offset * es, sp.len * es, false);
-        send_done(c, fp, sp.len * es);
-      }
-    } else {
-      const void* src = recv_checked(root, fp, sp.len * es, ctx, dl);
-      if (sp.len) k_.copy(out + sp.offset * es, src, sp.len * es, p.streaming);
-      t_.recv_end(root);
-    }
-  }
-  round(fp, ctx, dl);  // the root only sent
-}
-
-void Ring::alltoall(const Chunks& in, const std::vector<size_t>& send_counts, const Chunks& out,
-                    const std::vector<size_t>& recv_counts, DType t, const OpContext& ctx,
-                    const Deadline& dl) {
-  const int n = size_, r = rank_;
-  RR_CHECK(send_counts.size() == static_cast<size_t>(n) && recv_counts.size() == static_cast<size_t>(n),
-           "ringreduce ", ctx.name, ": rank ", r, ": expected ", n, " send and receive counts");
-  const size_t es = dtype_size(t);
-  RR_CHECK(send_counts[r] == recv_counts[r], "ringreduce ", ctx.name, ": rank ", r, " sends ",
-           send_counts[r], " elements to itself but expects to receive ", recv_counts[r]);
-  size_t out_bytes = 0;
-  for (size_t c : recv_counts) out_bytes += c * es;
-  const bool streaming = out_bytes >= kStreamLargeOutputBytes;
-  const size_t slice = std::max<size_t>(1, slice_bytes_ / es);
-  // Round s pairs every rank with the rank s ahead (to send) and s behind (to receive), so each
-  // FIFO has exactly one sender and one receiver at a time. Sends and receives alternate slice by
-  // slice: a rank never waits to send while its own inbox is full.
-  for (int s = 1; s < n; ++s) {
-    const int to = (r + s) % n, from = (r - s + n) % n;
-    // The header's count is the pair's element count, so split sizes that disagree are caught.
-    const MsgHeader fp_out = fingerprint(ctx, OpKind::AllToAll, send_counts[to], t, 0, -1);
-    const MsgHeader fp_in = fingerprint(ctx, OpKind::AllToAll, recv_counts[from], t, 0, -1);
-    const size_t nsend = std::max<size_t>(1, ceil_div(send_counts[to], slice));
-    const size_t nrecv = std::max<size_t>(1, ceil_div(recv_counts[from], slice));
-    for (size_t j = 0; j < std::max(nsend, nrecv); ++j) {
-      if (j < nsend) {
-        const size_t off = std::min(send_counts[to], j * slice);
-        const size_t len = std::min(send_counts[to] - off, slice);
-        void* dst = t_.send_begin(to, ctx, dl);
-        if (len) k_.copy(dst, in.at(to) + off * es, len * es, false);
-        send_done(to, fp_out, len * es);
-      }
-      if (j < nrecv) {
-        const size_t off = std::min(recv_counts[from], j * slice);
-        const size_t len = std::min(recv_counts[from] - off, slice);
-        const void* src = recv_checked(from, fp_in, len * es, ctx, dl);
-        if (len) k_.copy(out.at(from) + off * es, src, len * es, streaming);
-        t_.recv_end(from);
-      }
-    }
-  }
-  // Its own block last: while the exchange runs, the peers are kept waiting as little as possible.
-  if (send_counts[r] > 0 && in.at(r) != out.at(r)) {
-    k_.copy(out.at(r), in.at(r), send_counts[r] * es, streaming);
-  }
-  // A rank's sends may all fit in its peers' FIFOs before a peer checks them.
-  round(fingerprint(ctx, OpKind::AllToAll, 0, t, 0, -1), ctx, dl);
-}
-
 void Ring::check_root(int root, const OpContext& ctx) const {
   RR_CHECK(root >= 0 && root < size_, "ringreduce ", ctx.name, ": rank ", rank_, ": root ", root,
            " is not a rank of this group (size ", size_, ")");
-}
-
-void Ring::broadcast(void* buf_ptr, size_t count, DType t, int root, const OpContext& ctx,
-                     const Deadline& dl) {
-  check_root(root, ctx);
-  const int n = size_;
-  if (n == 1) return;
-  auto* buf = static_cast<uint8_t*>(buf_ptr);
-  const size_t es = dtype_size(t);
-  const int next = (rank_ + 1) % n;
-  const int prev = (rank_ + n - 1) % n;
-  const int pos = (rank_ - root + n) % n;  // distance from the root along the chain
-  const size_t slice = std::max<size_t>(1, slice_bytes_ / es);
-  const size_t nslices = std::max<size_t>(1, ceil_div(count, slice));
-  const bool streaming = kStreamOutputs || count * es >= kStreamLargeOutputBytes;
-  const MsgHeader fp = fingerprint(ctx, OpKind::Broadcast, count, t, 0, root);
-
-  for (size_t j = 0; j < nslices; ++j) {
-    const size_t off = std::min(count, j * slice);
-    const size_t len = std::min(count - off, slice);
-    if (pos == 0) {
-      void* dst = t_.send_begin(next, ctx, dl);
-      if (len) k_.copy(dst, buf + off * es, len * es, false);
-      send_done(next, fp, len * es);
-    } else {
-      const void* src = recv_checked(prev, fp, len * es, ctx, dl);
-      if (pos < n - 1) {  // forward before writing our copy: the successor starts sooner
-        void* dst = t_.send_begin(next, ctx, dl);
-        if (len) k_.copy(dst, src, len * es, false);
-        send_done(next, fp, len * es);
-      }
-      if (len) k_.copy(buf + off * es, src, len * es, streaming);
-      t_.recv_end(prev);
-    }
-  }
-  // The root only sent, and ranks early in the chain may have returned before a later one found
-  // a mismatch: the closing round makes them all hear of it.
-  round(fp, ctx, dl);
 }
 
 void Ring::barrier(const OpContext& ctx, const Deadline& dl) {

@@ -6,6 +6,11 @@
 // once per slice index; because a FIFO link holds several slots, a rank may be several slices ahead
 // of its successor, so while one slice is being reduced the next ones are already in flight.
 //
+// Class Ring holds the algorithms that pass messages, one file each: the ring (ring.cpp: all-reduce,
+// reduce-scatter, all-gather, reduce, and the barrier's rounds), the chain (chain.cpp: broadcast),
+// the star (star.cpp: gather, scatter) and pairwise exchanges (pairwise.cpp: all-to-all). Which of
+// them, or of the shared-window algorithms (algo/), serves a call is algo/select.h's business.
+//
 // The ring never asks which transport carries a message, and the reduction order is fixed by
 // rank positions alone, so every rank ends with the same bits.
 #pragma once

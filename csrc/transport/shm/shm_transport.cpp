@@ -518,8 +518,13 @@ void ShmTransport::wait_all(const OpContext& op, const Deadline& dl) {
     Segment* ps = segment(p);
     wait_until(ps->wstamp, [want](uint32_t v) { return static_cast<int32_t>(v - want) >= 0; }, p,
                "its part of the op in shared memory", op, dl, [&] {
-                 const std::string theirs = message_op_of(p, fp);
-                 if (!theirs.empty()) differ(p, theirs);
+                 // Every peer, not only the one waited for: the one in a message op may be
+                 // waiting for a third rank, or sending to this one.
+                 for (int q = 0; q < size_; ++q) {
+                   if (q == rank_) continue;
+                   const std::string theirs = message_op_of(q, fp);
+                   if (!theirs.empty()) differ(q, theirs);
+                 }
                });
     const MsgHeader got = ps->whdr[window_ops_ % 2];
     if (!same_op(got, fp) || got.bytes != fp.bytes) {

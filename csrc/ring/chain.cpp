@@ -1,0 +1,54 @@
+// Broadcast as a pipelined chain along the ring from the root: each slice is forwarded before it
+// is copied out, so every link carries the message once.
+#include "ring/ring.h"
+
+#include <algorithm>
+
+#include "common/error.h"
+#include "ring/slicing.h"
+
+namespace ringreduce {
+
+using slicing::ceil_div;
+using slicing::kStreamLargeOutputBytes;
+using slicing::kStreamOutputs;
+
+void Ring::broadcast(void* buf_ptr, size_t count, DType t, int root, const OpContext& ctx,
+                     const Deadline& dl) {
+  check_root(root, ctx);
+  const int n = size_;
+  if (n == 1) return;
+  auto* buf = static_cast<uint8_t*>(buf_ptr);
+  const size_t es = dtype_size(t);
+  const int next = (rank_ + 1) % n;
+  const int prev = (rank_ + n - 1) % n;
+  const int pos = (rank_ - root + n) % n;  // distance from the root along the chain
+  const size_t slice = std::max<size_t>(1, slice_bytes_ / es);
+  const size_t nslices = std::max<size_t>(1, ceil_div(count, slice));
+  const bool streaming = kStreamOutputs || count * es >= kStreamLargeOutputBytes;
+  const MsgHeader fp = fingerprint(ctx, OpKind::Broadcast, count, t, 0, root);
+
+  for (size_t j = 0; j < nslices; ++j) {
+    const size_t off = std::min(count, j * slice);
+    const size_t len = std::min(count - off, slice);
+    if (pos == 0) {
+      void* dst = t_.send_begin(next, ctx, dl);
+      if (len) k_.copy(dst, buf + off * es, len * es, false);
+      send_done(next, fp, len * es);
+    } else {
+      const void* src = recv_checked(prev, fp, len * es, ctx, dl);
+      if (pos < n - 1) {  // forward before writing our copy: the successor starts sooner
+        void* dst = t_.send_begin(next, ctx, dl);
+        if (len) k_.copy(dst, src, len * es, false);
+        send_done(next, fp, len * es);
+      }
+      if (len) k_.copy(buf + off * es, src, len * es, streaming);
+      t_.recv_end(prev);
+    }
+  }
+  // The root only sent, and ranks early in the chain may have returned before a later one found
+  // a mismatch: the closing round makes them all hear of it.
+  round(fp, ctx, dl);
+}
+
+}  // namespace ringreduce
