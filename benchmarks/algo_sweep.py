@@ -6,7 +6,8 @@
 Every algorithm runs in the same processes, forced in turn with the backend's set_algorithm at
 each size, for several rounds with the order rotated each round; a cell is the median over rounds
 of the slowest rank's mean time. Machines are noisy, so only the comparison within one run means
-anything. The last column is the algorithm the table picks at that size ("auto").
+anything. The last column is the algorithm the table picks at that size ("auto"); "-" marks a size
+larger than the shared window, which only the ring can carry.
 """
 
 from __future__ import annotations
@@ -70,9 +71,11 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, queue) -> 
             for a in ALGOS[r % len(ALGOS):] + ALGOS[:r % len(ALGOS)]:
                 dist.barrier(group=control)
                 backend.set_algorithm(a)
+                if backend.algorithm("allreduce", nbytes) != a:
+                    continue  # larger than the window: the ring would run instead
                 times[a].append(_time(t, iters, control))
         backend.set_algorithm("auto")
-        rows.append((nbytes, {a: statistics.median(v) for a, v in times.items()},
+        rows.append((nbytes, {a: statistics.median(v) for a, v in times.items() if v},
                      backend.algorithm("allreduce", nbytes)))
     if rank == 0:
         queue.put((rows, backend.algorithms))
@@ -105,7 +108,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'size':>8} " + " ".join(f"{a + '(us)':>12}" for a in ALGOS) + f" {'fastest':>9} {'auto':>9}")
     for nbytes, t, auto in rows:
         best = min(t, key=t.get)
-        print(f"{_fmt(nbytes):>8} " + " ".join(f"{t[a] * 1e6:12.1f}" for a in ALGOS) + f" {best:>9} {auto:>9}")
+        cells = [f"{t[a] * 1e6:12.1f}" if a in t else f"{'-':>12}" for a in ALGOS]
+        print(f"{_fmt(nbytes):>8} " + " ".join(cells) + f" {best:>9} {auto:>9}")
     sys.stdout.flush()
 
 
