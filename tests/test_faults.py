@@ -217,3 +217,61 @@ def test_a_rank_that_never_calls_is_named_by_the_timeout(tmp_path, backend, tran
            "is #0" in report, report
     assert f"ranks that issued it: {', '.join(map(str, range(world - 1)))} failed" in report, report
     print(report)
+
+
+P2P_WORKER = r'''
+import json, os, signal, sys, time
+from datetime import timedelta
+import torch
+import torch.distributed as dist
+import ringreduce  # noqa: F401
+
+rank = int(os.environ["RANK"])
+out = os.environ["FAULT_OUT"]
+dist.init_process_group("ringreduce", timeout=timedelta(seconds=60))
+dist.barrier()
+if rank == 1:
+    with open(os.path.join(out, "death"), "w") as f:
+        f.write(repr(time.time()))
+    os.kill(os.getpid(), signal.SIGKILL)
+res = {}
+for what in ("recv", "send"):
+    t = torch.zeros(100)
+    try:
+        (dist.recv if what == "recv" else dist.send)(t, 1)
+        res[what] = "returned"
+    except Exception as e:  # what the test checks
+        res[what] = str(e)
+    res["t_" + what] = time.time()
+with open(os.path.join(out, "rank0.json"), "w") as f:
+    json.dump(res, f)
+os._exit(0)
+'''
+
+
+def test_send_and_recv_with_a_dead_peer_fail_within_a_second(tmp_path, backend):
+    if backend != "ringreduce":
+        pytest.skip("faults of ringreduce's transports")
+    port = harness.free_port()
+    procs = [subprocess.Popen([sys.executable, "-c", P2P_WORKER], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True,
+                              env=dict(os.environ, RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                                       MASTER_PORT=str(port), FAULT_OUT=str(tmp_path),
+                                       PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")))
+             for r in range(2)]
+    outputs = []
+    for p in procs:
+        try:
+            outputs.append(p.communicate(timeout=150)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail("a rank hung")
+    res = json.loads((tmp_path / "rank0.json").read_text())
+    died = float((tmp_path / "death").read_text())
+    why = json.dumps(res, indent=1) + "\n" + outputs[0][-2000:]
+    for what in ("recv", "send"):
+        assert "rank 1 is gone" in res[what] and "died" in res[what] and f"ringreduce {what}" in res[what], why
+    # The timeout is 60 s: the death is noticed, not waited out.
+    assert res["t_recv"] - died < 3, why
+    assert res["t_send"] - res["t_recv"] < 3, why

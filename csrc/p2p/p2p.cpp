@@ -182,6 +182,7 @@ bool P2p::step() {
   }
   take_new_requests();
   moved = check_deadlines() || moved;
+  moved = check_peers() || moved;
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
     moved = feed_peer(p) || moved;
@@ -467,6 +468,56 @@ bool P2p::check_deadlines() {
       t_.abort_group(why);
       throw TimeoutError(why);
     }
+  }
+  return changed;
+}
+
+bool P2p::check_peers() {
+  if (!liveness_due_.passed()) return false;
+  liveness_due_ = Deadline::after(kMaxIdle);
+  bool waiting = !posted_.empty();
+  for (const Peer& peer : peers_) {
+    waiting = waiting || !peer.awaiting_clear.empty() || !peer.streaming.empty() || !peer.incoming.empty();
+  }
+  if (!waiting) return false;
+  std::vector<std::string> lost(static_cast<size_t>(size_));
+  int alive = 0;
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    lost[p] = t_.peer_lost(p);
+    alive += lost[p].empty();
+  }
+  bool changed = false;
+  auto gone = [&](const Request& r, int p) {
+    return error_of(detail::cat(describe(r), ": rank ", p, " is gone: ", lost[p]));
+  };
+  for (int p = 0; p < size_; ++p) {
+    if (lost[p].empty()) continue;
+    Peer& peer = peers_[p];
+    const Req* cut = !peer.streaming.empty() ? &peer.streaming.front()
+                     : !peer.incoming.empty() ? &peer.incoming.front() : nullptr;
+    if (cut != nullptr) {
+      const std::string why = detail::cat(describe(**cut), ": rank ", p, " died in the middle of ",
+                                          "the transfer (", (*cut)->offset, " of ", (*cut)->bytes,
+                                          " bytes moved): ", lost[p]);
+      t_.abort_group(why);
+      throw Error(why);
+    }
+    for (auto& kv : peer.awaiting_clear) finish(kv.second, gone(*kv.second, p));
+    changed = changed || !peer.awaiting_clear.empty();
+    peer.awaiting_clear.clear();
+  }
+  for (auto it = posted_.begin(); it != posted_.end();) {
+    const Req r = *it;
+    const bool from_dead = r->peer >= 0 ? !lost[r->peer].empty() : alive == 0;
+    if (!from_dead) {
+      ++it;
+      continue;
+    }
+    it = posted_.erase(it);
+    changed = true;
+    finish(r, r->peer >= 0 ? gone(*r, r->peer)
+                           : error_of(detail::cat(describe(*r), ": every other rank is gone")));
   }
   return changed;
 }

@@ -113,6 +113,9 @@ class P2p {
   bool feed_peer(int p);
   void on_message(int p, const MsgHeader& h, const void* payload);
   bool check_deadlines();  // true if it failed anything
+  // Fails what waits on a peer whose process died (at most every kMaxIdle); true if it failed
+  // anything. A transfer cut off halfway breaks the channel, as a stuck one does.
+  bool check_peers();
   void finish(const Req& r, std::exception_ptr error);
   void fail_all(const std::string& why);
   std::chrono::nanoseconds next_wake() const;
@@ -138,6 +141,7 @@ class P2p {
   uint64_t arrivals_ = 0;
   uint64_t posts_ = 0;
   bool draining_ = false;
+  Deadline liveness_due_{};  // when check_peers looks next
 };
 
 }  // namespace ringreduce

@@ -128,4 +128,9 @@ PeerState RoutedTransport::peer_state(int peer, const Deadline& dl) {
   return to(peer).peer_state(peer, dl);
 }
 
+std::string RoutedTransport::peer_lost(int peer) const {
+  if (peer < 0 || peer >= size_ || peer == rank_) return "";
+  return to(peer).peer_lost(peer);
+}
+
 }  // namespace ringreduce

@@ -46,6 +46,7 @@ class RoutedTransport final : public Transport {
   // This rank's state is split between the two: the later op wins, with whom it waits for there.
   PeerState own_state() const override;
   PeerState peer_state(int peer, const Deadline& dl) override;
+  std::string peer_lost(int peer) const override;
   void land_recvs(int peer, LandFn land) override;
   void stop_landing(int peer) override;
 

@@ -143,6 +143,13 @@ class Transport {
   // query over TCP, a read of its segment over shared memory). For the diagnosis of timeouts.
   virtual PeerState own_state() const = 0;
   virtual PeerState peer_state(int peer, const Deadline& dl) = 0;
+  // Why `peer` is known to be gone ("its process (pid 123) has died"), or "" while it may be
+  // alive. For an engine that waits on several peers at once (point-to-point) and so cannot
+  // leave the question to one wait; a transport that cannot tell answers "".
+  virtual std::string peer_lost(int peer) const {
+    (void)peer;
+    return "";
+  }
 
   // Receives that land where the caller would copy them (optional: a transport that reads
   // payloads off a socket uses it to skip that copy; one in shared memory has nothing to skip).

@@ -374,6 +374,12 @@ PeerState ShmTransport::peer_state(int peer, const Deadline&) {
   return st;
 }
 
+std::string ShmTransport::peer_lost(int peer) const {
+  if (peer < 0 || peer >= size_ || peer == rank_ || bases_[peer] == nullptr) return "";
+  const int32_t pid = segment(peer)->pid;
+  return process_gone(pid) ? detail::cat("its process (pid ", pid, ") has died") : "";
+}
+
 void* ShmTransport::send_begin(int peer, const OpContext& op, const Deadline& dl) {
   check_peer(peer, "send");
   segment(rank_)->op_seq.store(op.seq + 1, std::memory_order_relaxed);

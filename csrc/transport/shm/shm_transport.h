@@ -79,6 +79,7 @@ class ShmTransport final : public Transport, private PeerWindow {
   std::string abort_reason() const override;
   PeerState own_state() const override;
   PeerState peer_state(int peer, const Deadline& dl) override;
+  std::string peer_lost(int peer) const override;
   // Records where this rank stands in its segment, for a wait on another transport of a mixed
   // group: local peers that follow a chain of waits read it there.
   void note_state(uint64_t op_seq, int32_t blocked_on);
