@@ -101,7 +101,7 @@ def _shm_entries():
     return {n for n in os.listdir("/dev/shm") if n.startswith("ringreduce-")}
 
 
-def _launch(tmp_path, world, case, transport, timeout_s, on_started=None):
+def _launch(tmp_path, world, case, transport, timeout_s, on_started=None, wrap=None):
     port = harness.free_port()
     procs = []
     before = _shm_entries()
@@ -111,7 +111,8 @@ def _launch(tmp_path, world, case, transport, timeout_s, on_started=None):
                    FAULT_TIMEOUT=str(timeout_s), RINGREDUCE_TRANSPORT=transport,
                    RINGREDUCE_FLIGHT_DIR=str(tmp_path / "flight"),
                    PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        procs.append(subprocess.Popen([sys.executable, "-c", WORKER], env=env,
+        argv = (wrap or {}).get(rank, []) + [sys.executable, "-c", WORKER]
+        procs.append(subprocess.Popen(argv, env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     if on_started is not None:
         on_started(procs)
@@ -275,3 +276,32 @@ def test_send_and_recv_with_a_dead_peer_fail_within_a_second(tmp_path, backend):
     # The timeout is 60 s: the death is noticed, not waited out.
     assert res["t_recv"] - died < 3, why
     assert res["t_send"] - res["t_recv"] < 3, why
+
+
+def _can_unshare_pid():
+    try:
+        return subprocess.run(["unshare", "--pid", "--fork", "true"], capture_output=True,
+                              timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def test_a_rank_in_another_pid_namespace_is_known_alive_and_its_death_noticed(tmp_path, backend):
+    """One container per rank with a shared /dev/shm: the victim runs in a PID namespace of its
+    own, where its pid means nothing to its peers (a shell is pid 1 there, so that the victim can
+    be killed, and the victim pid 2, which in its peers' namespace is a kernel thread, alive)."""
+    if backend != "ringreduce":
+        pytest.skip("faults of ringreduce's transports")
+    if not _can_unshare_pid():
+        pytest.skip("`unshare --pid --fork` is not permitted here (needs root or user namespaces)")
+    world = 3
+    results, outputs, leaked = _launch(tmp_path, world, "kill", "auto", 30,
+                                       wrap={world - 1: ["unshare", "--pid", "--fork", "sh", "-c",
+                                                         '"$0" "$@"; exit $?']})
+    why = _explain(results, outputs)
+    died = float((tmp_path / "death").read_text())
+    for rank in range(world - 1):
+        r = results.get(rank)
+        assert r is not None and "died" in r.get("error", ""), why
+        assert r["t_error"] - died < 10, why
+    assert not leaked, f"segments left in /dev/shm: {leaked}"

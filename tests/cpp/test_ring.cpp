@@ -403,8 +403,19 @@ RR_TEST(mismatched_counts_fail_on_every_rank_and_leave_inputs_alone) {
 
 RR_TEST(absent_rank_times_out_with_its_name_and_the_deadline) {
   const int n = 3;
+  std::atomic<int> ended{0};
   auto res = run_group(n, config(4096, 2), [&](int r, Ring& ring, ShmTransport&) {
-    if (r == 2) return;  // never calls the collective
+    if (r == 2) {
+      // Never calls the collective, but stays (its transport, and so its liveness lock, with
+      // it) until the others have given up, as an absent process would.
+      const auto until = Clock::now() + std::chrono::seconds(10);
+      while (ended.load() < 2 && Clock::now() < until) std::this_thread::sleep_for(milliseconds(1));
+      return;
+    }
+    struct End {
+      std::atomic<int>& n;
+      ~End() { n.fetch_add(1); }
+    } end{ended};
     std::vector<float> x(1000, 1.0f);
     OpContext c = ctx(4);
     c.timeout = milliseconds(300);

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sched.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -59,6 +60,16 @@ bool process_gone(int32_t pid) {
   return state == 'Z' || state == 'X';
 }
 
+// This process's PID namespace (the inode of /proc/self/ns/pid), 0 if unknown: a pid is only
+// worth looking up in /proc by a process of the same namespace.
+uint64_t pid_namespace() {
+  static const uint64_t ns = [] {
+    struct stat st;
+    return stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+  }();
+  return ns;
+}
+
 }  // namespace
 
 // At offset 0 of every segment. Written by the owner before it publishes the name, then read-only
@@ -71,6 +82,8 @@ struct ShmTransport::Segment {
   uint64_t slot_bytes;
   uint32_t nslots;
   int32_t pid;  // the owner's process: a waiter that finds it gone knows its peer died
+  uint64_t pid_ns;  // the namespace `pid` lives in (pid_namespace())
+  uint32_t locked;  // 1: the owner holds a shared lock on the segment for its lifetime
   // Where this rank is, for a peer that times out to find who is really missing: the op it last
   // entered the transport in (seq + 1, 0 before the first) and the peer it sleeps on (-1: none).
   alignas(64) std::atomic<uint64_t> op_seq;
@@ -150,7 +163,12 @@ ShmTransport::ShmTransport(Bootstrap& bs, const std::string& prefix, int rank, i
     }
     void* base = mmap(nullptr, segment_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     const int map_errno = errno;
-    close(fd);
+    // Kept open, with a shared lock on it, for as long as this transport lives: the kernel drops
+    // the lock when the process dies, however it dies, which is how peers in another PID
+    // namespace (one container per rank, sharing /dev/shm) tell that it has.
+    fds_.assign(size, -1);
+    fds_[rank] = fd;
+    const bool locked = flock(fd, LOCK_SH) == 0;
     errno = map_errno;
     RR_SYSCHECK(base != MAP_FAILED, "ringreduce shm: rank ", rank, " cannot map ", segment_bytes_,
                 " bytes of shared memory for ", own_name_);
@@ -164,6 +182,8 @@ ShmTransport::ShmTransport(Bootstrap& bs, const std::string& prefix, int rank, i
     seg->slot_bytes = cfg.slot_bytes;
     seg->nslots = cfg.nslots;
     seg->pid = static_cast<int32_t>(getpid());
+    seg->pid_ns = pid_namespace();
+    seg->locked = locked ? 1 : 0;
     seg->blocked_on.store(-1);
     bs.set(prefix + "shm/name/" + std::to_string(rank), own_name_);
 
@@ -183,7 +203,11 @@ ShmTransport::ShmTransport(Bootstrap& bs, const std::string& prefix, int rank, i
       const bool sized = fstat(pfd, &st) == 0 && static_cast<size_t>(st.st_size) == segment_bytes_;
       void* pbase = sized ? mmap(nullptr, segment_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, pfd, 0)
                           : MAP_FAILED;
-      close(pfd);
+      if (pbase == MAP_FAILED) {
+        close(pfd);
+      } else {
+        fds_[p] = pfd;  // for peer_gone(): a lock on it tells whether its owner lives
+      }
       if (!sized && !require) continue;
       RR_CHECK(sized, "ringreduce shm: rank ", p, "'s segment has ", st.st_size, " bytes, rank ",
                rank, " expected ", segment_bytes_, " (ranks disagree on slot size or count)");
@@ -197,6 +221,8 @@ ShmTransport::ShmTransport(Bootstrap& bs, const std::string& prefix, int rank, i
       if (!ours && !require) {
         munmap(pbase, segment_bytes_);
         bases_[p] = nullptr;
+        close(fds_[p]);
+        fds_[p] = -1;
         continue;
       }
       RR_CHECK(ours, "ringreduce shm: rank ", p, "'s segment ", name, " does not belong to this group");
@@ -213,6 +239,8 @@ ShmTransport::ShmTransport(Bootstrap& bs, const std::string& prefix, int rank, i
         if (theirs.size() != static_cast<size_t>(size) || theirs[rank] != '1') {
           munmap(bases_[p], segment_bytes_);
           bases_[p] = nullptr;
+          close(fds_[p]);
+          fds_[p] = -1;
         }
       }
     }
@@ -243,6 +271,25 @@ void ShmTransport::unmap_all() {
     if (b != nullptr) munmap(b, segment_bytes_);
     b = nullptr;
   }
+  for (int& fd : fds_) {
+    if (fd >= 0) close(fd);
+    fd = -1;
+  }
+}
+
+bool ShmTransport::peer_gone(int peer) const {
+  // Its owner's shared lock on its segment lives exactly as long as the owner's process (or a
+  // child it forked, which still holds the descriptor): an exclusive lock that can be taken means
+  // it has died, in whatever PID namespace.
+  const Segment* ps = segment(peer);
+  const int fd = fds_[peer];
+  if (ps->locked && fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0) {
+    flock(fd, LOCK_UN);
+    return true;
+  }
+  // The pid covers the owner whose lock a forked child still holds; it means something only in
+  // this process's namespace.
+  return ps->pid_ns != 0 && ps->pid_ns == pid_namespace() && process_gone(ps->pid);
 }
 
 std::vector<std::string> ShmTransport::linked_segments() const {
@@ -336,7 +383,7 @@ void ShmTransport::wait_until(WaitWord& word, Ready ready, int peer, const char*
     if (own->aborted.load(std::memory_order_acquire)) throw_aborted(op);
     check();
     const int32_t pid = segment(peer)->pid;
-    if (process_gone(pid)) {
+    if (peer_gone(peer)) {
       const std::string msg = detail::cat(
           "ringreduce ", op.name, " #", op.seq, ": rank ", rank_, " was waiting for rank ", peer,
           " (", waiting_for, "), whose process (pid ", pid, ") has died");
@@ -377,7 +424,7 @@ PeerState ShmTransport::peer_state(int peer, const Deadline&) {
 std::string ShmTransport::peer_lost(int peer) const {
   if (peer < 0 || peer >= size_ || peer == rank_ || bases_[peer] == nullptr) return "";
   const int32_t pid = segment(peer)->pid;
-  return process_gone(pid) ? detail::cat("its process (pid ", pid, ") has died") : "";
+  return peer_gone(peer) ? detail::cat("its process (pid ", pid, ") has died") : "";
 }
 
 void* ShmTransport::send_begin(int peer, const OpContext& op, const Deadline& dl) {

@@ -118,6 +118,8 @@ class ShmTransport final : public Transport, private PeerWindow {
   void check_peer(int peer, const char* what) const;
   void ring(int owner);
   void unmap_all();
+  // Whether `peer`'s process has died (see the lock in its segment's descriptor).
+  bool peer_gone(int peer) const;
 
   // PeerWindow, over the window area of every segment.
   size_t capacity() const override { return cfg_.window_bytes; }
@@ -140,6 +142,7 @@ class ShmTransport final : public Transport, private PeerWindow {
   std::string own_name_;
   bool own_linked_ = false;
   std::vector<void*> bases_;        // bases_[r]: rank r's segment mapped here (ours included)
+  std::vector<int> fds_;            // fds_[r]: its descriptor, kept open (ours locked shared)
   // Messages published to / released from each peer. 64-bit so that the slot index (count modulo
   // nslots) never jumps when a 32-bit count wraps; the shared counters carry the low 32 bits.
   std::vector<uint64_t> sent_;
