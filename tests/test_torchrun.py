@@ -170,3 +170,55 @@ def test_tcp_init_method(backend):
 
 def test_file_init_method(backend, tmp_path):
     _run_init_method(f"file://{tmp_path / 'rendezvous'}")
+
+
+RESTART_SCRIPT = textwrap.dedent(
+    """
+    import os
+    import time
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    rank = int(os.environ["RANK"])
+    if attempt == 0 and rank == 1:
+        # Rank 0 is inside init_process_group by now, its segment created and its number drawn
+        # on torchrun's store, which outlives the attempt; torchrun ends it and restarts both.
+        time.sleep(1.0)
+        os._exit(3)
+    dist.init_process_group("ringreduce", timeout=timedelta(seconds=30))
+    x = torch.full((1000,), float(rank + 1))
+    dist.all_reduce(x)
+    assert bool((x == 3).all()), x[:4]
+    dist.destroy_process_group()
+    print(f"TRAINED attempt {attempt} rank {rank}", flush=True)
+    """
+)
+
+
+def _shm_names():
+    return {n for n in os.listdir("/dev/shm") if n.startswith("ringreduce-")}
+
+
+def test_torchrun_restarts_after_a_rank_died_during_init(installed, tmp_path):
+    """A rank that dies while its peer is inside init_process_group leaves state on torchrun's
+    store, which survives restarts: the next attempt must not read it (it deadlocked in init, each
+    rank waiting for keys of another incarnation). The peer, ended inside init, leaves a segment
+    in /dev/shm that the next ringreduce group set up on the host sweeps."""
+    before = _shm_names()
+    script = tmp_path / "train.py"
+    script.write_text(RESTART_SCRIPT)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "--max-restarts", "1", str(script)]
+    try:
+        p = subprocess.run(cmd, cwd=tmp_path, env=_clean_env(), capture_output=True, text=True, timeout=240)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"torchrun did not finish in 240s\nstdout:\n{e.stdout}\nstderr:\n{e.stderr}", pytrace=False)
+    trained = sorted(re.findall(r"TRAINED attempt 1 rank \d", p.stdout))
+    assert p.returncode == 0 and trained == ["TRAINED attempt 1 rank 0", "TRAINED attempt 1 rank 1"], (
+        f"torchrun exit code {p.returncode}\nstdout:\n{p.stdout[-4000:]}\nstderr:\n{p.stderr[-8000:]}")
+    # Any later group on this host sweeps what the attempt killed in init left behind.
+    _run_init_method(f"tcp://127.0.0.1:{harness.free_port()}", world=1)
+    assert not _shm_names() - before, f"left in /dev/shm: {_shm_names() - before}"

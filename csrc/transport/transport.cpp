@@ -1,5 +1,6 @@
 #include "transport/transport.h"
 
+#include <cstdlib>
 #include <string>
 
 #include "common/dtype.h"
@@ -59,10 +60,16 @@ std::string follow_waits(Transport& view, int peer, const OpContext& op) {
 }
 
 std::string incarnation_prefix(Bootstrap& bs, int size) {
+  // torchrun's store outlives a failed attempt of the job, and a rank that died inside set-up
+  // drew its number (or did not) there: counting on across attempts would hand the next attempt's
+  // ranks numbers of different incarnations, and they would wait for each other forever. So each
+  // attempt (TORCHELASTIC_RESTART_COUNT, the same on every rank of it) counts its own.
+  const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  const std::string attempt = restart != nullptr && *restart != '\0' ? restart : "0";
   // The n ranks of one incarnation draw n consecutive numbers; a later incarnation only starts
   // once every rank has left the earlier one, so it draws the next n.
-  const int64_t v = bs.add("ringreduce/incarnation", 1);
-  return "ringreduce/" + std::to_string((v - 1) / size) + "/";
+  const int64_t v = bs.add("ringreduce/incarnation/" + attempt, 1);
+  return "ringreduce/" + attempt + "/" + std::to_string((v - 1) / size) + "/";
 }
 
 std::string describe_op(const MsgHeader& h) {

@@ -1,5 +1,6 @@
 #include "transport/shm/shm_transport.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <sys/file.h>
@@ -12,6 +13,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <random>
 
 #include "common/error.h"
@@ -68,6 +70,31 @@ uint64_t pid_namespace() {
     return stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
   }();
   return ns;
+}
+
+// Segments of ringreduce groups whose creator died before it unlinked them (killed during set-up,
+// between creating its segment and every peer mapping it): nobody holds the lock on them that
+// every live owner holds from its first microseconds on, and they are older than that moment.
+// Unlinked once per process, at its first group's set-up.
+constexpr std::chrono::seconds kStaleAfter{1};
+
+void sweep_stale_segments() {
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return;
+  const auto now = std::chrono::system_clock::now().time_since_epoch();
+  while (const dirent* e = readdir(dir)) {
+    const std::string name = e->d_name;
+    if (name.rfind("ringreduce-", 0) != 0) continue;
+    const int fd = shm_open(("/" + name).c_str(), O_RDWR, 0);
+    if (fd < 0) continue;  // another user's, or gone meanwhile
+    struct stat st;
+    const bool old = fstat(fd, &st) == 0 &&
+                     now - (std::chrono::seconds(st.st_ctim.tv_sec) +
+                            std::chrono::nanoseconds(st.st_ctim.tv_nsec)) > kStaleAfter;
+    if (old && flock(fd, LOCK_EX | LOCK_NB) == 0) shm_unlink(("/" + name).c_str());
+    close(fd);
+  }
+  closedir(dir);
 }
 
 }  // namespace
@@ -145,11 +172,18 @@ ShmTransport::ShmTransport(Bootstrap& bs, const std::string& prefix, int rank, i
     token = std::strtoull(bs.get(prefix + "shm/token").c_str(), nullptr, 16);
   }
   own_name_ = "/ringreduce-" + hex64(token) + "-" + std::to_string(rank);
+  static std::once_flag swept;
+  std::call_once(swept, sweep_stale_segments);
 
   try {
     int fd = shm_open(own_name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     RR_SYSCHECK(fd >= 0, "ringreduce shm: rank ", rank, " cannot create segment ", own_name_);
     own_linked_ = true;
+    // Locked shared at once, and for as long as this transport lives: the kernel drops the lock
+    // when the process dies, however it dies, which is how peers in another PID namespace (one
+    // container per rank, sharing /dev/shm) tell that it has, and how a later job tells a
+    // segment its creator left behind (sweep_stale_segments).
+    const bool locked = flock(fd, LOCK_SH) == 0;
     // Reserve the pages now: tmpfs otherwise allocates them on first write, and a full /dev/shm
     // would then kill the process with SIGBUS in the middle of an op instead of failing here.
     const int reserved = posix_fallocate(fd, 0, static_cast<off_t>(segment_bytes_));
@@ -163,12 +197,8 @@ ShmTransport::ShmTransport(Bootstrap& bs, const std::string& prefix, int rank, i
     }
     void* base = mmap(nullptr, segment_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     const int map_errno = errno;
-    // Kept open, with a shared lock on it, for as long as this transport lives: the kernel drops
-    // the lock when the process dies, however it dies, which is how peers in another PID
-    // namespace (one container per rank, sharing /dev/shm) tell that it has.
     fds_.assign(size, -1);
-    fds_[rank] = fd;
-    const bool locked = flock(fd, LOCK_SH) == 0;
+    fds_[rank] = fd;  // kept open: it holds the lock
     errno = map_errno;
     RR_SYSCHECK(base != MAP_FAILED, "ringreduce shm: rank ", rank, " cannot map ", segment_bytes_,
                 " bytes of shared memory for ", own_name_);
