@@ -305,3 +305,28 @@ def test_a_rank_in_another_pid_namespace_is_known_alive_and_its_death_noticed(tm
         assert r is not None and "died" in r.get("error", ""), why
         assert r["t_error"] - died < 10, why
     assert not leaked, f"segments left in /dev/shm: {leaked}"
+
+
+def test_a_rank_stopped_past_the_timeout_is_named_as_stopped(tmp_path, backend):
+    if backend != "ringreduce":
+        pytest.skip("faults of ringreduce's transports")
+    world, timeout_s = 3, 4
+
+    def stop_one(procs):
+        started = tmp_path / "started1"
+        for _ in range(1200):
+            if started.exists():
+                break
+            threading.Event().wait(0.05)
+        procs[1].send_signal(signal.SIGSTOP)
+        threading.Event().wait(timeout_s + 4)  # past the timeout: the others give up meanwhile
+        procs[1].send_signal(signal.SIGCONT)
+
+    results, outputs, leaked = _launch(tmp_path, world, "stop", "auto", timeout_s, on_started=stop_one)
+    why = _explain(results, outputs)
+    for rank in (0, 2):
+        err = results.get(rank, {}).get("error", "")
+        assert "timed out" in err and "rank 1 is stopped" in err, why
+        assert "did not issue the same ops" not in err, why
+    assert "error" in results.get(1, {}), why  # it finds the group aborted when it goes on
+    assert not leaked

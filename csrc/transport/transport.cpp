@@ -37,23 +37,33 @@ std::string follow_waits(Transport& view, int peer, const OpContext& op) {
   const int self = view.rank(), size = view.size();
   const Deadline walk = Deadline::after(kChainBudget);
   int p = peer;
+  uint64_t seq = op.seq;  // the op the rank at hand is expected in
   for (int hops = 0; hops < size; ++hops) {
     const PeerState s = view.peer_state(p, walk);
     if (!s.known) return detail::cat("the state of rank ", p, " is unknown: ", s.unknown);
-    const uint64_t at = s.op_seq;
-    if (at < op.seq + 1) {
-      return at == 0 ? detail::cat("rank ", p, " has not arrived at this op (it has run no op yet)")
-                     : detail::cat("rank ", p, " has not arrived at this op (the last op it reached is #",
-                                   at - 1, ")");
+    if (s.stopped) {
+      return detail::cat("rank ", p, " is stopped (its process is in state T: SIGSTOP, or a ",
+                         "debugger) in op #", s.op_seq == 0 ? 0 : s.op_seq - 1);
     }
-    if (at > op.seq + 1) {
+    const uint64_t at = s.op_seq;
+    const std::string which = seq == op.seq ? std::string("this op") : detail::cat("op #", seq);
+    if (at < seq + 1) {
+      return at == 0 ? detail::cat("rank ", p, " has not arrived at ", which, " (it has run no op yet)")
+                     : detail::cat("rank ", p, " has not arrived at ", which,
+                                   " (the last op it reached is #", at - 1, ")");
+    }
+    // One op ahead is no desync: a rank that has sent and received all it needed of op k goes on
+    // to op k+1, and may wait there for a rank still in op k. Follow it there.
+    if (at > seq + 2) {
       return detail::cat("rank ", p, " is already at op #", at - 1,
                          ": the ranks did not issue the same ops");
     }
     const int next = s.blocked_on;
     if (next < 0 || next == self || next >= size) {
-      return detail::cat("rank ", p, " is in this op but makes no progress");
+      return detail::cat("rank ", p, " is in ", at - 1 == op.seq ? std::string("this op") : detail::cat("op #", at - 1),
+                         " but makes no progress");
     }
+    seq = at - 1;
     p = next;
   }
   return "every rank of the chain is waiting for another";

@@ -63,10 +63,9 @@ struct PeerState {
   bool known = false;       // false: it could not be learned, and `unknown` says why
   uint64_t op_seq = 0;      // 1 + the sequence number of the latest op it entered; 0: none yet
   int32_t blocked_on = -1;  // the rank it is waiting for, -1 when it is not waiting
+  bool stopped = false;     // its process is stopped (SIGSTOP, a debugger), as far as one can see
   std::string unknown;
 };
-
-
 
 // Memory that every rank of the group maps, read directly by the peers: what the one-shot and
 // two-shot algorithms (algo/) run on instead of messages. Each rank owns two buffers and window ops

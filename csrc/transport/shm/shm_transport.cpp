@@ -43,22 +43,29 @@ uint64_t random_token() {
   return (static_cast<uint64_t>(rd()) << 32) ^ rd();
 }
 
-// Whether process `pid` has exited (or is a zombie, not reaped yet). Our own pid (ranks as
-// threads of one process, in the C++ tests) is never gone.
-bool process_gone(int32_t pid) {
-  if (pid <= 0 || pid == static_cast<int32_t>(getpid())) return false;
+// The state letter of process `pid` in /proc ('R', 'S', 'T', 'Z', ...; 'X' once it is gone, '?'
+// when it cannot be read). Our own pid (ranks as threads of one process, in the C++ tests) is
+// always 'R'.
+char process_state(int32_t pid) {
+  if (pid <= 0) return '?';
+  if (pid == static_cast<int32_t>(getpid())) return 'R';
   char path[64];
   std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
   FILE* f = std::fopen(path, "r");
-  if (f == nullptr) return errno == ENOENT;  // gone; on any other error, assume alive
+  if (f == nullptr) return errno == ENOENT ? 'X' : '?';
   char buf[512];
   const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
   std::fclose(f);
   buf[n] = '\0';
   // "pid (comm) S ...": the state follows the last ')', as comm may hold anything.
   const char* close_paren = std::strrchr(buf, ')');
-  if (close_paren == nullptr || close_paren[1] != ' ') return false;
-  const char state = close_paren[2];
+  if (close_paren == nullptr || close_paren[1] != ' ') return '?';
+  return close_paren[2] == 't' ? 'T' : close_paren[2];  // traced counts as stopped
+}
+
+// Whether process `pid` has exited (or is a zombie, not reaped yet).
+bool process_gone(int32_t pid) {
+  const char state = process_state(pid);
   return state == 'Z' || state == 'X';
 }
 
@@ -448,6 +455,7 @@ PeerState ShmTransport::peer_state(int peer, const Deadline&) {
   st.known = true;
   st.op_seq = s->op_seq.load(std::memory_order_acquire);
   st.blocked_on = s->blocked_on.load(std::memory_order_relaxed);
+  st.stopped = s->pid_ns != 0 && s->pid_ns == pid_namespace() && process_state(s->pid) == 'T';
   return st;
 }
 
