@@ -3,6 +3,8 @@
 #   make bench    set up .venv, build, print the all-reduce bandwidth table (ringreduce beside gloo)
 #   make test     set up .venv, build, run the C++ core tests (plain, ASan/UBSan, TSan) and pytest
 #                 (then the collective suites again over the TCP transport)
+#   make bench-peers  set up .venv-peers (OpenMPI's mpi4py, DeepSpeed), then time all-reduce for
+#                 ringreduce, gloo, OpenMPI and DeepSpeed's shared-memory all-reduce in one run
 #
 # A second run reuses .venv and rebuilds only what changed. Variables:
 #   TORCH_VERSION=2.13.0   the torch installed into .venv (the development machines have a CPU
@@ -10,12 +12,14 @@
 #   PYTHON=python3         the interpreter that creates .venv
 #   MAX_JOBS=2             parallel compile jobs
 #   BENCH_ARGS=...         extra arguments for `python -m ringreduce.bench`
+#   PEERS_ARGS=...         extra arguments for `benchmarks/peers.py` (e.g. -g 2 -b 1K -e 1M)
 
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_VERSION ?= 2.13.0
 MAX_JOBS ?= 2
 BENCH_ARGS ?=
+PEERS_ARGS ?=
 PYTEST_ARGS ?=
 
 PY := $(VENV)/bin/python
@@ -24,7 +28,7 @@ DEPS_STAMP := $(VENV)/.deps-torch-$(TORCH_VERSION)-$(DEPS_REV)
 BUILD_STAMP := $(VENV)/.built
 SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.h' -o -name '*.cu') setup.py pyproject.toml
 
-.PHONY: setup build test test-cpp test-py bench clean
+.PHONY: setup build test test-cpp test-py bench bench-peers clean
 
 setup: $(DEPS_STAMP)
 
@@ -68,6 +72,28 @@ test-py: $(BUILD_STAMP)
 bench: $(BUILD_STAMP)
 	$(PY) -m ringreduce.bench -g 2 $(BENCH_ARGS)
 	$(PY) -m ringreduce.bench -g 4 $(BENCH_ARGS)
+
+# The peers live in a venv of their own, so .venv gets nothing new: DeepSpeed pins and pulls in
+# packages of its own. torch goes in first, the same version as .venv's, and DeepSpeed builds
+# without isolation against it, so pip never fetches another torch (nor CUDA wheels). mpi4py is
+# compiled against the system's OpenMPI (apt-get install openmpi-bin libopenmpi-dev): a prebuilt
+# wheel would look for an MPI library of its own choosing at run time.
+PEERS_VENV := .venv-peers
+PEERS_PY := $(PEERS_VENV)/bin/python
+PEERS_STAMP := $(PEERS_VENV)/.deps-torch-$(TORCH_VERSION)-1
+
+$(PEERS_STAMP):
+	test -x $(PEERS_PY) || $(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_PY) -m pip install --quiet "torch==$(TORCH_VERSION)"
+	$(PEERS_PY) -m pip install --quiet setuptools wheel numpy ninja
+	$(PEERS_PY) -m pip install --quiet --no-binary mpi4py mpi4py
+	DS_ACCELERATOR=cpu $(PEERS_PY) -m pip install --quiet --no-build-isolation deepspeed
+	rm -f $(PEERS_VENV)/.deps-torch-*
+	touch $@
+
+# ringreduce and gloo run under .venv's python; the script launches the peers with .venv-peers'.
+bench-peers: $(BUILD_STAMP) $(PEERS_STAMP)
+	$(PY) benchmarks/peers.py --peers-python $(PEERS_PY) $(PEERS_ARGS)
 
 clean:
 	rm -rf build ringreduce/_C*.so *.egg-info $(BUILD_STAMP)

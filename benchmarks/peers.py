@@ -1,0 +1,739 @@
+"""All-reduce beside the tools a user would pick instead: ringreduce, gloo, OpenMPI and DeepSpeed's
+shared-memory all-reduce, timed the same way, in one run.
+
+    python benchmarks/peers.py                          # world 2 and 4, 1K..64M, float32 sum in place
+    python benchmarks/peers.py -g 2 -d bfloat16 --sizes 1K 64K 1M
+    python benchmarks/peers.py -g 4 -b 1K -e 64M -f 8 --json peers.json
+    make bench-peers PEERS_ARGS="-g 2"                  # sets up .venv-peers first
+
+The peers live in their own venv (.venv-peers, set up by `make bench-peers`): OpenMPI through
+mpi4py under mpirun, and DeepSpeed's `deepspeed.comm.inference_all_reduce` with DS_ACCELERATOR=cpu.
+A peer that is not installed is a column of "-" and a header line that says why; ringreduce and
+gloo need nothing but this repository's .venv.
+
+Why it is built this way:
+- Every backend runs in a launch of its own (its own processes, its own rendezvous), because the
+  peers cannot share processes: mpi4py needs mpirun, DeepSpeed needs its own venv.
+- Machines are noisy, and noise comes in spells that last longer than one launch, so the whole set
+  of launches runs several rounds, the backend order rotated each round, and a cell is the median
+  over rounds. Quote ratios from one run, not absolute times.
+- One timing loop for every backend (`_time_sizes`): at each size, WARMUP untimed iterations, a
+  barrier, then as many iterations as last about --seconds (the count from the slowest rank's
+  warm-up, so the same on every rank); the time is the slowest rank's mean. Barriers and that
+  bookkeeping go through a separate channel (a gloo group, or MPI's own), never through the
+  collective being measured.
+- After the timing, each size runs once more on known inputs and every rank checks the sum, so a
+  backend that quietly does something else is caught rather than timed.
+- DeepSpeed falls back to the process group's all_reduce (here gloo) when its shm op cannot run,
+  and says so nowhere; every DeepSpeed rank checks that the op is loaded and in use before timing
+  (`_deepspeed_shm_problem`), and the column reads "n/a" with the reason otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import re
+import shlex
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.abspath(__file__)
+DEFAULT_PEERS_PYTHON = os.path.join(REPO, ".venv-peers", "bin", "python")
+SETUP_HINT = "`make bench-peers` sets it up"
+
+DEFAULT_SIZES = ["1K", "8K", "64K", "512K", "1M", "4M", "64M"]
+DTYPES = {"float32": 4, "bfloat16": 2}
+WARMUP = 5
+# A floor on the timed iterations, so that a slow size still averages over a few calls.
+MIN_ITERS = 3
+# Columns in the order the table prints them; ratios are each peer's time over ringreduce's.
+BACKENDS = ("ringreduce", "mpi", "deepspeed", "gloo")
+PEERS = ("mpi", "deepspeed")
+LABELS = {"ringreduce": "ringreduce", "mpi": "OpenMPI", "deepspeed": "DeepSpeed", "gloo": "gloo"}
+# Open MPI's shared-memory path, named rather than left to its choice: the ob1 messaging layer over
+# the vader (shared memory) transport. Ranks are not bound to cores, like the torch ranks.
+MPIRUN_FLAGS = ["--oversubscribe", "--allow-run-as-root", "--bind-to", "none",
+                "--mca", "pml", "ob1", "--mca", "btl", "self,vader"]
+# DeepSpeed names each rank's shared workspace after these and never unlinks it (64+ MiB a rank
+# in /dev/shm, which is memory): the launcher removes them after each launch.
+DS_SHM_PREFIX = "deepspeed_allreduce_buffer"
+# The shm kernels' ISA needs, as deepspeed.comm.torch.TorchBackend.inference_all_reduce tests them:
+# fp32 needs avx2 (level 1), bf16 and fp16 avx512bw (level 2); below that it falls back to gloo.
+DS_KERNEL_LEVEL = {"float32": (1, "avx2"), "bfloat16": (2, "avx512bw")}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Sizes and formatting
+
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*([kmg]?)(i?b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from '1024', '1K', '64M', '1G' (binary units, as in nccl-tests)."""
+    m = _SIZE_RE.match(text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"cannot parse size {text!r}: expected e.g. 1024, 1K, 64M")
+    return int(m.group(1)) * _UNITS[m.group(2).lower()]
+
+
+def format_size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return f"{nbytes}B"
+
+
+def busbw_gbps(nbytes: int, world: int, seconds: float) -> float:
+    """Bus bandwidth of an all-reduce: algbw x 2(n-1)/n, the bytes each rank must move in a ring."""
+    return nbytes / seconds * 2 * (world - 1) / world / 1e9
+
+
+def _ratio(value: float) -> str:
+    return f"{value:.0f}" if value >= 10 else f"{value:.2g}"
+
+
+def _ratio_text(values: list[float]) -> str:
+    lo, hi = _ratio(min(values)), _ratio(max(values))
+    return f"{lo}x" if lo == hi else f"{lo}-{hi}x"
+
+
+def _ratio_cell(value: float) -> str:
+    return f"{value:.2f}" if value < 100 else f"{value:.0f}"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Inside the ranks: one timing loop for every backend
+
+
+@dataclass
+class Comm:
+    """What the timing loop needs from a backend, in a rank. `allreduce` is the collective being
+    measured; `barrier` and `allmax` go through a separate channel so that the measured backend
+    runs nothing but the measured collective."""
+
+    rank: int
+    world: int
+    zeros: Callable[[int], object]  # element count -> a buffer (torch tensor or numpy array)
+    allreduce: Callable[[object], None]  # SUM, in place
+    barrier: Callable[[], None]
+    allmax: Callable[[float], float]
+
+
+def _time_sizes(comm: Comm, sizes: list[int], itemsize: int, seconds: float) -> list[dict]:
+    """Time an in-place SUM all-reduce at each size; return rank-independent rows.
+
+    The buffer starts at zero: repeated in-place sums of anything else overflow to inf and NaN
+    within a few hundred iterations, and the time of arithmetic on those is not the time of
+    arithmetic on numbers. The correctness check afterwards uses small integers, exact in bf16.
+    """
+    rows = []
+    for nbytes in sizes:
+        buf = comm.zeros(nbytes // itemsize)
+        warm = []
+        for _ in range(WARMUP):
+            start = time.perf_counter()
+            comm.allreduce(buf)
+            warm.append(time.perf_counter() - start)
+        iters = max(MIN_ITERS, math.ceil(seconds / comm.allmax(statistics.median(warm))))
+        comm.barrier()
+        start = time.perf_counter()
+        for _ in range(iters):
+            comm.allreduce(buf)
+        mean = comm.allmax((time.perf_counter() - start) / iters)
+
+        buf[:] = comm.rank + 1
+        comm.allreduce(buf)
+        want = comm.world * (comm.world + 1) // 2
+        wrong = int((buf != want).sum())
+        if wrong:
+            raise RuntimeError(f"rank {comm.rank}: all-reduce of {nbytes} bytes left {wrong} of "
+                               f"{len(buf)} elements different from {want}")
+        rows.append({"bytes": nbytes, "time_s": mean, "iters": iters})
+    return rows
+
+
+def _torch_comm(zeros_dtype, allreduce) -> tuple[Comm, object]:
+    """A Comm over torch.distributed, after the measured backend has initialized the default
+    group; the bookkeeping goes through a gloo group of its own."""
+    import torch
+    import torch.distributed as dist
+
+    control = dist.new_group(backend="gloo")
+
+    def allmax(x: float) -> float:
+        t = torch.tensor([x], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=control)
+        return t.item()
+
+    comm = Comm(rank=dist.get_rank(), world=dist.get_world_size(),
+                zeros=lambda n: torch.zeros(n, dtype=zeros_dtype), allreduce=allreduce,
+                barrier=lambda: dist.barrier(group=control), allmax=allmax)
+    return comm, control
+
+
+def _deepspeed_shm_problem(cdb, dtype: str) -> str | None:
+    """Why DeepSpeed's inference_all_reduce would not run its shm op here, or None if it will.
+
+    deepspeed.comm.torch.TorchBackend builds the op `deepspeed_shm_comm` on init (printing
+    "DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully") and keeps it as
+    `shm_comm_op`, None when the op is incompatible here. inference_all_reduce calls
+    torch.ops.deepspeed.inference_all_reduce_ only when that op is registered and the CPU has the
+    kernel's ISA (`shm_vector_kernel_level`); otherwise it calls the process group's all_reduce.
+    The op maps the shm workspaces only when LOCAL_SIZE equals the world size; each rank's
+    workspace is a /dev/shm segment named after MASTER_ADDR and MASTER_PORT, so finding all of
+    them shows that initialization ran on every rank.
+    """
+    import torch
+
+    if getattr(cdb, "shm_comm_op", None) is None:
+        return ("deepspeed_shm_comm was not loaded (deepspeed.ops.__compatible_ops__ says the op is "
+                "incompatible here, or this DeepSpeed has no shm op)")
+    if not hasattr(torch.ops, "deepspeed") or not hasattr(torch.ops.deepspeed, "inference_all_reduce_"):
+        return "torch.ops.deepspeed.inference_all_reduce_ is not registered"
+    need, isa = DS_KERNEL_LEVEL[dtype]
+    level = getattr(cdb, "shm_vector_kernel_level", 0)
+    if level < need:
+        return f"its {dtype} kernel needs {isa} (vector kernel level {need}), this CPU has level {level}"
+    world = cdb.get_world_size()
+    if os.environ.get("LOCAL_SIZE") != str(world):
+        return f"LOCAL_SIZE={os.environ.get('LOCAL_SIZE')} is not the world size {world}"
+    stem = f"{DS_SHM_PREFIX}_{os.getuid()}_{os.environ['MASTER_ADDR']}_{os.environ['MASTER_PORT']}"
+    missing = [r for r in range(world) if not os.path.exists(f"/dev/shm/{stem}_{r}")]
+    if missing:
+        return f"no shm workspace /dev/shm/{stem}_<rank> for rank(s) {missing}"
+    return None
+
+
+def _torch_worker(backend: str, dtype: str, sizes: list[int], seconds: float) -> tuple[int, dict]:
+    """One rank of a torch.distributed launch (ringreduce, gloo or DeepSpeed), rendezvous through
+    MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE in the environment: (rank, result)."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    tdtype = getattr(torch, dtype)
+    info: dict = {}
+    if backend == "deepspeed":
+        import deepspeed
+        import deepspeed.comm as ds_comm
+        from deepspeed.comm import comm as ds_state
+
+        # gloo: DeepSpeed's CPU accelerator asks for oneCCL, which is not installed; the shm op
+        # does the all-reduce either way, and the process group only carries the fallback.
+        deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
+        comm, control = _torch_comm(tdtype, ds_comm.inference_all_reduce)
+        problem = _deepspeed_shm_problem(ds_state.cdb, dtype)
+        problems: list = [None] * comm.world
+        dist.all_gather_object(problems, problem, group=control)
+        reasons = sorted({p for p in problems if p})
+        if reasons:
+            dist.destroy_process_group()
+            return comm.rank, {"unavailable": "shm op not loaded: " + "; ".join(reasons)}
+        info["shm_op"] = ds_state.cdb.shm_comm_op.__file__
+        info["shm_kernel_level"] = ds_state.cdb.shm_vector_kernel_level
+    else:
+        if backend == "ringreduce":
+            import ringreduce  # noqa: F401  (registers the backend)
+        dist.init_process_group(backend)
+        comm, _ = _torch_comm(tdtype, dist.all_reduce)
+        if backend == "ringreduce":
+            pg = dist.group.WORLD._get_backend(torch.device("cpu"))
+            info["algorithms"] = {str(n): pg.algorithm("allreduce", n) if hasattr(pg, "algorithm") else "ring"
+                                  for n in sizes}
+            if hasattr(pg, "algorithms"):
+                info["table"] = str(pg.algorithms)
+    rows = _time_sizes(comm, sizes, tdtype.itemsize, seconds)
+    dist.destroy_process_group()
+    return comm.rank, {"rows": rows, **info}
+
+
+def _mpi_worker(dtype: str, sizes: list[int], seconds: float) -> tuple[int, dict]:
+    """One rank of an mpirun launch, mpi4py's Allreduce(IN_PLACE) on a numpy float32 array:
+    (rank, result)."""
+    import numpy as np
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    # Bookkeeping on a duplicate communicator, so its messages never queue among the measured ones.
+    control = world.Dup()
+    comm = Comm(rank=world.Get_rank(), world=world.Get_size(),
+                zeros=lambda n: np.zeros(n, dtype=np.float32),
+                allreduce=lambda buf: world.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM),
+                barrier=control.Barrier, allmax=lambda x: control.allreduce(x, op=MPI.MAX))
+    return comm.rank, {"rows": _time_sizes(comm, sizes, DTYPES[dtype], seconds)}
+
+
+def worker_main(argv: list[str]) -> None:
+    """`peers.py worker BACKEND ...`: one rank; rank 0 writes the launch's result to --out."""
+    p = argparse.ArgumentParser(prog="peers.py worker")
+    p.add_argument("backend", choices=BACKENDS)
+    p.add_argument("--dtype", choices=DTYPES, required=True)
+    p.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], required=True)
+    p.add_argument("--seconds", type=float, required=True)
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    run = _mpi_worker if args.backend == "mpi" else lambda *a: _torch_worker(args.backend, *a)
+    rank, result = run(args.dtype, args.sizes, args.seconds)
+    if rank == 0:
+        with open(args.out, "w") as f:
+            json.dump(result, f)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Probing the peers, in the peers' python
+
+
+def probe_main(argv: list[str]) -> None:
+    """`peers.py probe mpi|deepspeed`: print the peer's version as JSON, or fail with the import
+    error. The DeepSpeed probe also builds the shm op (JIT, about a minute the first time), so the
+    timed launches find it in torch's extension cache instead of all compiling it at once."""
+    peer = argv[0]
+    if peer == "mpi":
+        import numpy  # noqa: F401  (the buffers)
+        import mpi4py
+        from mpi4py import MPI
+
+        library = MPI.Get_library_version().strip().splitlines()[0]
+        print(json.dumps({"version": library.split(",")[0], "mpi4py": mpi4py.__version__}))
+    else:
+        import deepspeed
+        import torch
+        from deepspeed.accelerator import get_accelerator
+
+        builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+        if builder is None:
+            raise SystemExit(f"DeepSpeed's {get_accelerator().device_name()} accelerator has no ShareMemCommBuilder")
+        op = builder.load()
+        print(json.dumps({"version": deepspeed.__version__, "torch": torch.__version__,
+                          "accelerator": get_accelerator().device_name(), "shm_op": op.__file__}))
+
+
+@dataclass
+class Peer:
+    """A backend as the launcher sees it: how to launch it, or why it cannot run here. `missing`
+    (not installed: "-" cells) and `na` (installed, cannot run this case: "n/a" cells) say why."""
+
+    name: str
+    python: str
+    version: str = ""
+    missing: str = ""
+    na: str = ""
+    info: dict = field(default_factory=dict)
+
+    @property
+    def runs(self) -> bool:
+        return not (self.missing or self.na)
+
+
+def _shown(path: str) -> str:
+    """A path as the header shows it: relative to the repository when inside it."""
+    full = os.path.abspath(path)
+    return os.path.relpath(full, REPO) if full.startswith(REPO + os.sep) else path
+
+
+def _last_line(text: str) -> str:
+    lines = [x.strip() for x in text.strip().splitlines() if x.strip()]
+    return lines[-1] if lines else "(no output)"
+
+
+def probe_peer(name: str, python: str, dtype: str, timeout: float) -> Peer:
+    peer = Peer(name, python)
+    if not os.path.exists(python):
+        peer.missing = f"not installed: {_shown(python)} does not exist; {SETUP_HINT}"
+        return peer
+    if name == "mpi" and shutil.which("mpirun") is None:
+        peer.missing = f"not installed: no mpirun on PATH (apt-get install openmpi-bin libopenmpi-dev; then {SETUP_HINT})"
+        return peer
+    env = dict(os.environ, DS_ACCELERATOR="cpu")
+    try:
+        out = subprocess.run([python, SCRIPT, "probe", name], capture_output=True, text=True,
+                             timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        peer.missing = f"not usable: probing it took over {timeout:.0f} s"
+        return peer
+    if out.returncode != 0:
+        peer.missing = f"not installed: {_last_line(out.stderr)} (in {_shown(python)}; {SETUP_HINT})"
+        return peer
+    peer.info = json.loads(out.stdout.strip().splitlines()[-1])
+    peer.version = peer.info["version"]
+    if name == "mpi" and dtype == "bfloat16":
+        peer.na = "MPI has no bfloat16 type"
+    return peer
+
+
+# ---------------------------------------------------------------------------------------------------
+# Launching
+
+
+class LaunchFailed(RuntimeError):
+    pass
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _kill(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    for proc in procs:
+        proc.wait()
+
+
+def _wait(procs: list[subprocess.Popen], logs: list[str], timeout: float, what: str) -> None:
+    """Wait for every process; on the first failure or at the deadline stop the rest (ranks
+    whose peer died would wait for it) and raise with the failing one's stderr."""
+    deadline = time.monotonic() + timeout
+    while True:
+        codes = [proc.poll() for proc in procs]
+        failed = [i for i, c in enumerate(codes) if c not in (None, 0)]
+        if failed or time.monotonic() > deadline:
+            _kill(procs)
+            if failed:
+                i = failed[0]
+                with open(logs[i]) as f:
+                    tail = f.read()[-4000:]
+                raise LaunchFailed(f"{what}: process {i} exited with status {codes[i]}:\n{tail}")
+            raise LaunchFailed(f"{what}: timed out after {timeout:.0f} s")
+        if all(c == 0 for c in codes):
+            return
+        time.sleep(0.05)
+
+
+def launch(peer: Peer, world: int, args, tmp: str) -> dict:
+    """Run one launch of `peer` at `world` ranks over all sizes; return rank 0's result."""
+    out = os.path.join(tmp, f"{peer.name}-{world}.json")
+    if os.path.exists(out):
+        os.remove(out)
+    worker = [SCRIPT, "worker", peer.name, "--dtype", args.dtype, "--sizes", ",".join(map(str, args.sizes)),
+              "--seconds", str(args.seconds), "--out", out]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    if peer.name == "mpi":
+        cmd = ["mpirun", *MPIRUN_FLAGS, "-np", str(world), "-x", "OMP_NUM_THREADS", peer.python, *worker]
+        commands = [(cmd, env, os.path.join(tmp, "mpirun.log"))]
+    else:
+        port = _free_port()
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world))
+        if peer.name == "deepspeed":
+            # What DeepSpeed's launcher sets: LOCAL_SIZE tells the shm op that all ranks share a host.
+            env.update(DS_ACCELERATOR="cpu", LOCAL_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
+        commands = [([peer.python, *worker], dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+                     os.path.join(tmp, f"{peer.name}-{world}-rank{r}.log")) for r in range(world)]
+    procs = []
+    try:
+        for cmd, cmd_env, log in commands:
+            with open(log, "w") as f:
+                procs.append(subprocess.Popen(cmd, env=cmd_env, stdout=f, stderr=subprocess.STDOUT,
+                                              start_new_session=True))
+        _wait(procs, [log for _, _, log in commands], args.timeout, f"{LABELS[peer.name]} at world {world}")
+    finally:
+        _kill(procs)
+        if peer.name == "deepspeed":
+            for rank in range(world):
+                path = f"/dev/shm/{DS_SHM_PREFIX}_{os.getuid()}_127.0.0.1_{port}_{rank}"
+                if os.path.exists(path):
+                    os.remove(path)
+    with open(out) as f:
+        return json.load(f)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The report
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def _version(dist_name: str) -> str:
+    try:
+        return importlib.metadata.version(dist_name)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def header(args, peers: dict[str, Peer]) -> list[str]:
+    algo = os.environ.get("RINGREDUCE_ALGO")
+    lines = [
+        f"# ringreduce all-reduce beside its peers: {args.dtype} sum, in place, world {' and '.join(map(str, args.nproc))}",
+        f"# {args.started}; host {socket.gethostname()}: "
+        f"{os.cpu_count()} cores, {_cpu_model()}; Python {platform.python_version()}",
+        f"# torch {_version('torch')}, ringreduce {_version('ringreduce')}"
+        + (f"; RINGREDUCE_ALGO={algo} in ringreduce's ranks" if algo else ""),
+        f"# command: {args.command}",
+        f"# timing, the same for every backend: per size, {WARMUP} untimed iterations, a barrier, then as many "
+        f"iterations as last ~{args.seconds:g} s (at least {MIN_ITERS}; the count from the slowest rank's "
+        "warm-up, the same on every rank); time = the slowest rank's mean iteration",
+        f"# each backend in a launch of its own, {args.rounds} round(s) with the order rotated each round; a cell is "
+        f"the median over rounds; 1 intra-op thread per rank (OMP_NUM_THREADS=1); every size checked once after "
+        "its timing",
+        "# busbw = size / time * 2(n-1)/n; x/rr = x's time / ringreduce's time (>1: ringreduce is faster)",
+        "# ringreduce: torch.distributed all_reduce, backend ringreduce; algo = the algorithm it takes at "
+        "that size (ring where its backend has no algorithm())",
+        "# gloo: torch.distributed all_reduce, backend gloo",
+    ]
+    for name in PEERS:
+        peer = peers[name]
+        label = LABELS[name]
+        if peer.missing:
+            lines.append(f"# {label}: - ({peer.missing})")
+            continue
+        if name == "mpi":
+            desc = (f"# {label}: {peer.version} through mpi4py {peer.info['mpi4py']}, "
+                    f"COMM_WORLD.Allreduce(MPI.IN_PLACE, numpy array); mpirun {' '.join(MPIRUN_FLAGS)}")
+        else:
+            desc = (f"# {label}: DeepSpeed {peer.version}, deepspeed.comm.inference_all_reduce after "
+                    "deepspeed.init_distributed('gloo'), DS_ACCELERATOR=cpu, LOCAL_SIZE=world; every rank "
+                    "checks before timing that the shm op deepspeed_shm_comm is loaded and in use "
+                    "(TorchBackend.shm_comm_op, torch.ops.deepspeed.inference_all_reduce_, the CPU's "
+                    "vector kernel level, all ranks' /dev/shm workspaces)")
+        lines.append(desc)
+        if peer.na:
+            lines.append(f"# {label}: n/a ({peer.na})")
+    return lines
+
+
+@dataclass
+class Results:
+    """Every launch's rows, gathered over rounds: times[(backend, world, nbytes)] = [seconds, ...]."""
+
+    times: dict = field(default_factory=dict)
+    algorithms: dict = field(default_factory=dict)  # world -> {nbytes: name}
+    tables: dict = field(default_factory=dict)  # world -> ringreduce's description of its crossovers
+    runs: list = field(default_factory=list)
+
+    def add(self, rnd: int, backend: str, world: int, result: dict) -> None:
+        self.runs.append({"round": rnd, "backend": backend, "world": world, **result})
+        for row in result["rows"]:
+            self.times.setdefault((backend, world, row["bytes"]), []).append(row["time_s"])
+        if "algorithms" in result:
+            self.algorithms[world] = {int(k): v for k, v in result["algorithms"].items()}
+        if "table" in result:
+            self.tables[world] = result["table"]
+
+    def drop(self, backend: str) -> None:
+        """Forget a backend's times: one that failed in a later round is a column of n/a, not a
+        median over the rounds it happened to finish."""
+        self.times = {k: v for k, v in self.times.items() if k[0] != backend}
+
+    def median(self, backend: str, world: int, nbytes: int) -> float | None:
+        got = self.times.get((backend, world, nbytes))
+        return statistics.median(got) if got else None
+
+
+def table(world: int, args, peers: dict[str, Peer], res: Results) -> list[str]:
+    """An nccl-tests-like table for one world size, then one summary line per size range."""
+    cols = [(b, peers[b]) for b in BACKENDS]
+    ratio_names = [f"{LABELS[b]}/rr" for b in BACKENDS[1:]]
+    group = f"#{'':>31}" + "".join(f"{LABELS[b]:>23}" for b, _ in cols)
+    names = (f"#{'size(B)':>11} {'count':>10} {'algo':>8}" + f"{'time(us)':>11}{'busbw(GB/s)':>12}" * len(cols)
+             + "".join(f"{n:>14}" for n in ratio_names))
+    cores = os.cpu_count()
+    lines = [f"# world {world} ({world} ranks on {cores} cores)", group, names]
+    itemsize = DTYPES[args.dtype]
+    for nbytes in args.sizes:
+        rr = res.median("ringreduce", world, nbytes)
+        line = f"{nbytes:>12} {nbytes // itemsize:>10} {res.algorithms.get(world, {}).get(nbytes, '-'):>8}"
+        for b, peer in cols:
+            t = res.median(b, world, nbytes)
+            if t:
+                line += f"{t * 1e6:>11.2f}{busbw_gbps(nbytes, world, t):>12.3g}"
+            else:
+                mark = "-" if peer.missing else "n/a"
+                line += f"{mark:>11}{mark:>12}"
+        for b in BACKENDS[1:]:
+            t = res.median(b, world, nbytes)
+            line += f"{_ratio_cell(t / rr) if t and rr else '-':>14}"
+        lines.append(line)
+    lines += summary(world, args.sizes, res)
+    if world in res.tables:
+        lines.append(f"# ringreduce's algorithm table at world {world}: {res.tables[world]}")
+    return lines
+
+
+def summary(world: int, sizes: list[int], res: Results) -> list[str]:
+    """Ratios over the small sizes (time: latency is what matters there), the large ones (busbw)
+    and the largest, each against every peer that ran."""
+    small = [n for n in sizes if n <= 64 << 10]
+    large = [n for n in sizes if n >= 1 << 20]
+    lines = []
+
+    def label(group: list[int], open_ended: bool) -> str:
+        if len(group) == 1:
+            return format_size(group[0])
+        return f">={format_size(group[0])}" if open_ended else f"{format_size(group[0])}..{format_size(group[-1])}"
+
+    for group, quantity, open_ended in ((small, "time", False), (large, "busbw", True),
+                                        (sizes[-1:] if len(large) > 1 else [], "busbw", False)):
+        if not group:
+            continue
+        parts = []
+        for b in BACKENDS[1:]:
+            ratios = []
+            for n in group:
+                rr, t = res.median("ringreduce", world, n), res.median(b, world, n)
+                if rr and t:
+                    ratios.append(rr / t if quantity == "time" else t / rr)
+            if ratios:
+                parts.append(f"{_ratio_text(ratios)} {LABELS[b]}'s")
+        if parts:
+            lines.append(f"# world {world}, {label(group, open_ended)}: ringreduce {quantity} = {', '.join(parts)}")
+    return lines
+
+
+def write_json(path: str, args, peers: dict[str, Peer], res: Results, head: list[str]) -> None:
+    itemsize = DTYPES[args.dtype]
+    results = []
+    for world in args.nproc:
+        for nbytes in args.sizes:
+            for b in BACKENDS:
+                t = res.median(b, world, nbytes)
+                results.append({
+                    "backend": b, "world": world, "bytes": nbytes, "count": nbytes // itemsize,
+                    "dtype": args.dtype, "op": "sum",
+                    "algorithm": res.algorithms.get(world, {}).get(nbytes) if b == "ringreduce" else None,
+                    "time_us": t * 1e6 if t else None,
+                    "busbw_GBps": busbw_gbps(nbytes, world, t) if t else None,
+                    "rounds_us": [x * 1e6 for x in res.times.get((b, world, nbytes), [])],
+                    "unavailable": peers[b].missing or peers[b].na or None,
+                })
+    doc = {"header": [h.lstrip("# ") for h in head], "results": results, "launches": res.runs,
+           "peers": {name: {"version": p.version, "missing": p.missing, "na": p.na, **p.info}
+                     for name, p in peers.items() if name in PEERS}}
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Command line
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="benchmarks/peers.py", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-g", "--nproc", type=int, nargs="+", default=[2, 4], help="world sizes (default 2 4)")
+    p.add_argument("--sizes", type=parse_size, nargs="+",
+                   help=f"message sizes per rank (default {' '.join(DEFAULT_SIZES)})")
+    p.add_argument("-b", "--minbytes", type=parse_size, help="sweep from this size (with -e, -f)")
+    p.add_argument("-e", "--maxbytes", type=parse_size, help="sweep to this size")
+    p.add_argument("-f", "--stepfactor", type=int, default=8, help="sweep factor (default 8)")
+    p.add_argument("-d", "--dtype", choices=DTYPES, default="float32")
+    p.add_argument("--rounds", type=int, default=3, help="rounds, order rotated; median reported (default 3)")
+    p.add_argument("--seconds", type=float, default=0.2, help="timed seconds per size and launch (default 0.2)")
+    p.add_argument("--peers", default="all",
+                   help="comma list of mpi, deepspeed; or all (default) or none")
+    p.add_argument("--peers-python", default=DEFAULT_PEERS_PYTHON,
+                   help="the python with mpi4py and DeepSpeed (default .venv-peers/bin/python)")
+    p.add_argument("--timeout", type=float, default=600, help="seconds one launch may take (default 600)")
+    p.add_argument("--json", metavar="PATH", help="write every record here")
+    args = p.parse_args(argv)
+    if args.sizes and (args.minbytes or args.maxbytes):
+        p.error("give either --sizes or -b/-e, not both")
+    if args.minbytes or args.maxbytes:
+        lo, hi = args.minbytes or 1 << 10, args.maxbytes or 64 << 20
+        if args.stepfactor < 2 or lo > hi:
+            p.error("a sweep needs -b <= -e and -f >= 2")
+        args.sizes = []
+        while lo <= hi:
+            args.sizes.append(lo)
+            lo *= args.stepfactor
+    elif not args.sizes:
+        args.sizes = [parse_size(s) for s in DEFAULT_SIZES]
+    args.sizes = sorted(set(args.sizes))
+    if any(n % DTYPES[args.dtype] for n in args.sizes):
+        p.error(f"every size must be a whole number of {args.dtype} elements")
+    if any(n < 2 for n in args.nproc) or args.rounds < 1:
+        p.error("world sizes must be >= 2 and --rounds >= 1")
+    chosen = {x.strip() for x in args.peers.split(",") if x.strip()}
+    if chosen == {"all"}:
+        args.peers = list(PEERS)
+    elif chosen == {"none"}:
+        args.peers = []
+    elif chosen <= set(PEERS):
+        args.peers = [x for x in PEERS if x in chosen]
+    else:
+        p.error(f"--peers takes a comma list of {', '.join(PEERS)}, or all, or none; got {args.peers!r}")
+    args.command = shlex.join(["python", os.path.relpath(SCRIPT), *argv])
+    return args
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    args.started = datetime.datetime.now().isoformat(timespec="seconds")
+    peers = {"ringreduce": Peer("ringreduce", sys.executable), "gloo": Peer("gloo", sys.executable)}
+    for name in PEERS:
+        if name in args.peers:
+            print(f"probing {LABELS[name]} in {args.peers_python} ...", file=sys.stderr, flush=True)
+            peers[name] = probe_peer(name, args.peers_python, args.dtype, args.timeout)
+        else:
+            peers[name] = Peer(name, args.peers_python, missing="left out by --peers")
+    res = Results()
+    with tempfile.TemporaryDirectory(prefix="ringreduce-peers-") as tmp:
+        for rnd in range(args.rounds):
+            order = BACKENDS[rnd % len(BACKENDS):] + BACKENDS[:rnd % len(BACKENDS)]
+            for world in args.nproc:
+                for name in order:
+                    peer = peers[name]
+                    if not peer.runs:
+                        continue
+                    print(f"round {rnd + 1}/{args.rounds}: {LABELS[name]} at world {world}",
+                          file=sys.stderr, flush=True)
+                    try:
+                        result = launch(peer, world, args, tmp)
+                    except LaunchFailed as e:
+                        if name not in PEERS:
+                            print(e, file=sys.stderr)
+                            return 1
+                        # A peer that breaks is a column that says so; ringreduce and gloo still run.
+                        print(e, file=sys.stderr)
+                        peer.na = f"its launch failed: {_last_line(str(e))}"
+                        res.drop(name)
+                        continue
+                    if "unavailable" in result:
+                        peer.na = result["unavailable"]
+                        res.drop(name)
+                        continue
+                    res.add(rnd, name, world, result)
+    head = header(args, peers)
+    out = list(head)
+    for world in args.nproc:
+        out += [""] + table(world, args, peers, res)
+    print("\n".join(out), flush=True)
+    if args.json:
+        write_json(args.json, args, peers, res, head)
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["worker"]:
+        worker_main(sys.argv[2:])
+    elif sys.argv[1:2] == ["probe"]:
+        probe_main(sys.argv[2:])
+    else:
+        sys.exit(main(sys.argv[1:]))
