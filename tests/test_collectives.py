@@ -439,3 +439,98 @@ def _rank_large_alltoall(ctx):
 
 def test_large_alltoall_and_broadcast(ranks):
     harness.check_results(ranks(2).run(_rank_large_alltoall, timeout=120))
+
+
+# One rank (the last) disagrees with the others on op #k; every rank must fail, and every tensor
+# the call was given must be byte for byte as it was: outputs are written only once every rank is
+# known to be in the same op.
+DESYNC_CASES = ["all_gather_into_tensor", "all_gather", "broadcast", "broadcast_root_differs",
+                "gather", "scatter", "all_to_all_single", "all_to_all", "all_reduce",
+                "reduce_scatter_tensor", "reduce", "other_op"]
+
+
+def _rank_desync_keeps_tensors(ctx, case, count):
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    n, r = ctx.world_size, ctx.rank
+    odd = r == n - 1
+    g = dist.new_group(backend=ctx.backend, timeout=datetime.timedelta(seconds=20))
+    c = count if not odd else count // 2 + 1  # the last rank's size
+    rnd = lambda *shape: torch.randn(*shape, generator=ctx.rng)  # noqa: E731
+    if case == "all_gather_into_tensor":
+        ts = [rnd(c * n), rnd(c)]
+        call = lambda: dist.all_gather_into_tensor(ts[0], ts[1], group=g)  # noqa: E731
+    elif case == "all_gather":
+        ts = [rnd(c) for _ in range(n + 1)]
+        call = lambda: dist.all_gather(ts[:n], ts[n], group=g)  # noqa: E731
+    elif case in ("broadcast", "broadcast_root_differs"):
+        ts = [rnd(c)]
+        root = 0 if case == "broadcast" else n - 1
+        call = lambda: dist.broadcast(ts[0], root, group=g)  # noqa: E731
+    elif case == "gather":
+        ts = [rnd(c)] + ([rnd(c) for _ in range(n)] if r == 0 else [])
+        call = lambda: dist.gather(ts[0], ts[1:] if r == 0 else None, dst=0, group=g)  # noqa: E731
+    elif case == "scatter":
+        ts = [rnd(c)] + ([rnd(c) for _ in range(n)] if r == 0 else [])
+        call = lambda: dist.scatter(ts[0], ts[1:] if r == 0 else None, src=0, group=g)  # noqa: E731
+    elif case in ("all_to_all_single", "all_to_all"):
+        # Only one pair disagrees: the last rank sends rank 0 one element more than rank 0 expects.
+        send = [count] * n
+        recv = [count] * n
+        if odd:
+            send[0] += 1
+        if case == "all_to_all_single":
+            ts = [rnd(sum(recv)), rnd(sum(send))]
+            call = lambda: dist.all_to_all_single(ts[0], ts[1], recv, send, group=g)  # noqa: E731
+        else:
+            ts = [rnd(k) for k in recv] + [rnd(k) for k in send]
+            call = lambda: dist.all_to_all(ts[:n], ts[n:], group=g)  # noqa: E731
+    elif case == "all_reduce":
+        ts = [rnd(c)]
+        call = lambda: dist.all_reduce(ts[0], group=g)  # noqa: E731
+    elif case == "reduce_scatter_tensor":
+        ts = [rnd(c), rnd(c * n)]
+        call = lambda: dist.reduce_scatter_tensor(ts[0], ts[1], group=g)  # noqa: E731
+    elif case == "reduce":
+        ts = [rnd(c)]
+        call = lambda: dist.reduce(ts[0], 0, group=g)  # noqa: E731
+    elif case == "other_op":  # same sizes, another collective
+        ts = [rnd(count * n), rnd(count)]
+        if odd:
+            call = lambda: dist.broadcast(ts[1], 0, group=g)  # noqa: E731
+        else:
+            call = lambda: dist.all_gather_into_tensor(ts[0], ts[1], group=g)  # noqa: E731
+    before = [harness.digest(t) for t in ts]
+    try:
+        dist.all_reduce(torch.ones(4), group=g)  # op #1 agrees
+        call()
+        err = None
+    except RuntimeError as e:
+        err = str(e)
+    finally:
+        dist.destroy_process_group(g)
+    changed = [i for i, t in enumerate(ts) if harness.digest(t) != before[i]]
+    return err, changed
+
+
+@pytest.mark.parametrize("world,algo", [(2, "ring"), (3, "ring"), (4, "ring"), (3, "auto")])
+@pytest.mark.parametrize("count", [100, 70_000])
+def test_a_desync_fails_every_rank_and_leaves_its_tensors_as_they_were(ranks, backend, world, algo,
+                                                                      count):
+    if backend != "ringreduce":
+        pytest.skip("gloo aborts the process on a size mismatch")
+    pool = ranks(world, env={"RINGREDUCE_ALGO": algo})
+    bad = []
+    for case in DESYNC_CASES:
+        for rank, (err, changed) in enumerate(pool.run(_rank_desync_keeps_tensors, case, count,
+                                                       timeout=120)):
+            if err is None:
+                bad.append(f"{case}: rank {rank} did not fail")
+            elif "ringreduce" not in err:
+                bad.append(f"{case}: rank {rank}: not ringreduce's error: {err}")
+            if changed:
+                bad.append(f"{case}: rank {rank} failed but its tensors {changed} were written")
+    assert not bad, "\n".join(bad)

@@ -27,6 +27,9 @@ void Ring::broadcast(void* buf_ptr, size_t count, DType t, int root, const OpCon
   const size_t nslices = std::max<size_t>(1, ceil_div(count, slice));
   const bool streaming = kStreamOutputs || count * es >= kStreamLargeOutputBytes;
   const MsgHeader fp = fingerprint(ctx, OpKind::Broadcast, count, t, 0, root);
+  // A rank hears only from its predecessor, and the root from no one: the round first makes every
+  // rank check every other, so a desync fails them all before any buffer is written.
+  round(fp, ctx, dl);
 
   for (size_t j = 0; j < nslices; ++j) {
     const size_t off = std::min(count, j * slice);
@@ -46,9 +49,6 @@ void Ring::broadcast(void* buf_ptr, size_t count, DType t, int root, const OpCon
       t_.recv_end(prev);
     }
   }
-  // The root only sent, and ranks early in the chain may have returned before a later one found
-  // a mismatch: the closing round makes them all hear of it.
-  round(fp, ctx, dl);
 }
 
 }  // namespace ringreduce

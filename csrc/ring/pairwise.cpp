@@ -25,14 +25,29 @@ void Ring::alltoall(const Chunks& in, const std::vector<size_t>& send_counts, co
   for (size_t c : recv_counts) out_bytes += c * es;
   const bool streaming = out_bytes >= kStreamLargeOutputBytes;
   const size_t slice = std::max<size_t>(1, slice_bytes_ / es);
+  // First every pair checks its counts with one empty message each way, and the round makes every
+  // rank hear that all pairs agreed (a rank that found a mismatch aborts the group and forwards
+  // nothing), so that a desync fails every rank before any output byte is written.
+  // The header's count is the pair's element count, so split sizes that disagree are caught.
+  auto pair_fp = [&](size_t count) { return fingerprint(ctx, OpKind::AllToAll, count, t, 0, -1); };
+  for (int s = 1; s < n; ++s) {
+    const int to = (r + s) % n;
+    t_.send_begin(to, ctx, dl);
+    send_done(to, pair_fp(send_counts[to]), 0);
+  }
+  for (int s = 1; s < n; ++s) {
+    const int from = (r - s + n) % n;
+    recv_checked(from, pair_fp(recv_counts[from]), 0, ctx, dl);
+    t_.recv_end(from);
+  }
+  round(fingerprint(ctx, OpKind::AllToAll, 0, t, 0, -1), ctx, dl);
   // Round s pairs every rank with the rank s ahead (to send) and s behind (to receive), so each
   // FIFO has exactly one sender and one receiver at a time. Sends and receives alternate slice by
   // slice: a rank never waits to send while its own inbox is full.
   for (int s = 1; s < n; ++s) {
     const int to = (r + s) % n, from = (r - s + n) % n;
-    // The header's count is the pair's element count, so split sizes that disagree are caught.
-    const MsgHeader fp_out = fingerprint(ctx, OpKind::AllToAll, send_counts[to], t, 0, -1);
-    const MsgHeader fp_in = fingerprint(ctx, OpKind::AllToAll, recv_counts[from], t, 0, -1);
+    const MsgHeader fp_out = pair_fp(send_counts[to]);
+    const MsgHeader fp_in = pair_fp(recv_counts[from]);
     const size_t nsend = std::max<size_t>(1, ceil_div(send_counts[to], slice));
     const size_t nrecv = std::max<size_t>(1, ceil_div(recv_counts[from], slice));
     for (size_t j = 0; j < std::max(nsend, nrecv); ++j) {
@@ -56,8 +71,6 @@ void Ring::alltoall(const Chunks& in, const std::vector<size_t>& send_counts, co
   if (send_counts[r] > 0 && in.at(r) != out.at(r)) {
     k_.copy(out.at(r), in.at(r), send_counts[r] * es, streaming);
   }
-  // A rank's sends may all fit in its peers' FIFOs before a peer checks them.
-  round(fingerprint(ctx, OpKind::AllToAll, 0, t, 0, -1), ctx, dl);
 }
 
 }  // namespace ringreduce

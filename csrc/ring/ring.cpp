@@ -232,11 +232,17 @@ void Ring::all_gather(const void* in_ptr, const Chunks& out, size_t count, DType
   const size_t es = dtype_size(t);
   const auto* in = static_cast<const uint8_t*>(in_ptr);
   uint8_t* mine = out.at(rank_);
-  if (mine != in && count > 0) k_.copy(mine, in, count * es, false);
-  if (n == 1) return;
+  if (n == 1) {
+    if (mine != in && count > 0) k_.copy(mine, in, count * es, false);
+    return;
+  }
   const Plan p = plan(count * static_cast<size_t>(n), count, t);
   const MsgHeader fp = fingerprint(ctx, OpKind::AllGather, count, t, 0, -1);
   const int next = (rank_ + 1) % n;
+  // A chunk arrives having passed only the ranks between its owner and this one: with more than
+  // two ranks, the others are heard from first, so that a desync leaves `out` as it was. With two,
+  // the first message comes from the only peer and is checked before anything is written.
+  if (n > 2 && check_fingerprints_) round(fp, ctx, dl);
   // From the predecessor come n-1 messages per slice, each landing straight in `out` if it can.
   const uint64_t per_slice = static_cast<uint64_t>(n - 1);
   Landing landing(t_, (rank_ + n - 1) % n, [&](uint64_t i, const MsgHeader& got) -> void* {
@@ -247,10 +253,12 @@ void Ring::all_gather(const void* in_ptr, const Chunks& out, size_t count, DType
   for (size_t j = 0; j < p.nslices; ++j) {
     const Span sp = span(p, rank_, j);
     void* dst = t_.send_begin(next, ctx, dl);
-    if (sp.len) k_.copy(dst, mine + sp.offset * es, sp.len * es, false);
+    if (sp.len) k_.copy(dst, in + sp.offset * es, sp.len * es, false);
     send_done(next, fp, sp.len * es);
     all_gather_slice(p, j, out, fp, ctx, dl);
   }
+  // Its own chunk last, once every message has been checked.
+  if (mine != in && count > 0) k_.copy(mine, in, count * es, false);
 }
 
 void Ring::reduce(const void* in_ptr, void* out_ptr, size_t count, DType t, RedOp op,

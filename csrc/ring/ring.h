@@ -113,9 +113,11 @@ class Ring {
   void send_done(int peer, MsgHeader hdr, size_t bytes);
   void check_root(int root, const OpContext& ctx) const;
   // n-1 steps of "send an empty message to the successor, receive one from the predecessor":
-  // afterwards every rank has heard, through the chain, from every other. A barrier; and the
-  // closing round of ops in which some ranks only send (a broadcast's root, gather's non-roots):
-  // a rank that found a mismatch stops, and the round makes every other rank fail too.
+  // a rank that finishes it has checked, through the chain, every other rank's fingerprint (a
+  // rank forwards nothing after a mismatch, it aborts the group), so when any two ranks disagree
+  // no rank finishes. A barrier; and the opening of ops that would otherwise write outputs before
+  // hearing from every rank (those in which data does not pass through every rank on its way, or
+  // some ranks only send): a desync then fails every rank before any output byte is written.
   void round(const MsgHeader& fp, const OpContext& ctx, const Deadline& dl);
 
   // How an op's elements are cut: n chunks of `chunk` elements (the last ones shorter or empty when

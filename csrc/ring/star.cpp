@@ -15,10 +15,13 @@ void Ring::gather(const void* in_ptr, const Chunks& out, size_t count, DType t, 
   check_root(root, ctx);
   const size_t es = dtype_size(t);
   const auto* in = static_cast<const uint8_t*>(in_ptr);
+  const MsgHeader fp = fingerprint(ctx, OpKind::Gather, count, t, 0, root);
+  // The non-roots only send: the round first makes them hear of a desync the root would find,
+  // and the root of one between two non-roots, before its output is written.
+  round(fp, ctx, dl);
   if (rank_ == root && count > 0 && out.at(root) != in) k_.copy(out.at(root), in, count * es, false);
   if (size_ == 1) return;
   const Plan p = plan(count, count, t);
-  const MsgHeader fp = fingerprint(ctx, OpKind::Gather, count, t, 0, root);
   for (size_t j = 0; j < p.nslices; ++j) {
     const Span sp = span(p, 0, j);
     if (rank_ != root) {
@@ -35,7 +38,6 @@ void Ring::gather(const void* in_ptr, const Chunks& out, size_t count, DType t, 
       t_.recv_end(c);
     }
   }
-  round(fp, ctx, dl);  // the non-roots only sent: let them hear if the root found a mismatch
 }
 
 void Ring::scatter(const Chunks& in, void* out_ptr, size_t count, DType t, int root,
@@ -43,10 +45,11 @@ void Ring::scatter(const Chunks& in, void* out_ptr, size_t count, DType t, int r
   check_root(root, ctx);
   const size_t es = dtype_size(t);
   auto* out = static_cast<uint8_t*>(out_ptr);
+  const MsgHeader fp = fingerprint(ctx, OpKind::Scatter, count, t, 0, root);
+  round(fp, ctx, dl);  // the root only sends: as in gather, every rank checks every other first
   if (rank_ == root && count > 0 && in.at(root) != out) k_.copy(out, in.at(root), count * es, false);
   if (size_ == 1) return;
   const Plan p = plan(count, count, t);
-  const MsgHeader fp = fingerprint(ctx, OpKind::Scatter, count, t, 0, root);
   for (size_t j = 0; j < p.nslices; ++j) {
     const Span sp = span(p, 0, j);
     if (rank_ == root) {
@@ -62,7 +65,6 @@ void Ring::scatter(const Chunks& in, void* out_ptr, size_t count, DType t, int r
       t_.recv_end(root);
     }
   }
-  round(fp, ctx, dl);  // the root only sent
 }
 
 }  // namespace ringreduce
