@@ -580,3 +580,58 @@ def _rank_bad_calls(ctx):
 def test_unsupported_raises_at_call(ranks):
     pool = ranks(WORLD)
     harness.check_results(pool.run(_rank_bad_calls, timeout=60))
+
+
+def _rank_storage_changed_under_async_ops(ctx):
+    import torch
+    import torch.distributed as dist
+
+    n, r = ctx.world_size, ctx.rank
+    big = 4 << 20  # long enough that the caller's next line runs while the op does
+    report = {}
+    # set_: the caller's tensor takes another storage; the op keeps (and writes) the one it had.
+    for _ in range(5):
+        t = torch.full((big,), float(r + 1))
+        w = dist.all_reduce(t, async_op=True)
+        t.set_(torch.zeros(3))
+        w.wait()
+    report["set_"] = t.tolist()
+    # resize_ that grows the storage is refused while the op runs, and works once it is done.
+    t = torch.full((big,), float(r + 1))
+    w = dist.all_reduce(t, async_op=True)
+    try:
+        t.resize_(4 * big)
+        report["resize_"] = "allowed while the op ran"
+    except RuntimeError as e:
+        report["resize_"] = str(e)
+    w.wait()
+    t.resize_(4 * big)  # allowed again
+    report["result"] = float(t[:big].min()), float(t[:big].max())
+    # Other collectives, and point-to-point, the same way.
+    x = torch.full((big,), float(r))
+    out = torch.empty(big * n)
+    w = dist.all_gather_into_tensor(out, x, async_op=True)
+    x.set_(torch.zeros(1))
+    out.set_(torch.zeros(1))
+    w.wait()
+    peer = (r + 1) % n if r % 2 == 0 else (r - 1) % n
+    buf = torch.full((big,), float(r))
+    w = dist.isend(buf, peer) if r % 2 == 0 else dist.irecv(buf, peer)
+    buf.set_(torch.zeros(2))
+    w.wait()
+    t = torch.ones(7)
+    dist.all_reduce(t)  # the group still works
+    report["after"] = t.tolist()
+    return report
+
+
+def test_storage_replaced_or_resized_under_an_async_op(ranks, backend):
+    if backend != "ringreduce":
+        pytest.skip("gloo crashes the process on this (it frees the memory under the op)")
+    n = 2
+    total = float(sum(range(1, n + 1)))
+    for rank, rep in enumerate(ranks(n).run(_rank_storage_changed_under_async_ops, timeout=120)):
+        assert rep["set_"] == [0.0, 0.0, 0.0], rep
+        assert "not resizable" in rep["resize_"], (rank, rep["resize_"])
+        assert rep["result"] == (total, total), (rank, rep)
+        assert rep["after"] == [float(n)] * 7, (rank, rep)

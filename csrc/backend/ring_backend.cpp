@@ -15,6 +15,7 @@
 #include <random>
 #include <utility>
 
+#include "backend/storage_pins.h"
 #include "backend/store_bootstrap.h"
 #ifdef RINGREDUCE_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
@@ -429,16 +430,27 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const cha
     flight_->issued(seq, name, dims.data(), dims.size(),
                     outputs.empty() ? "" : c10::toString(outputs[0].scalar_type()));
   }
+  // An async op's caller may replace or grow its tensors' storages before wait(); the op keeps
+  // them in place until it ends (a CUDA op's memory is the caching allocator's business).
+  std::shared_ptr<StoragePins> pins =
+      async_op && !on_cuda ? std::make_shared<StoragePins>(
+                                 std::initializer_list<const std::vector<at::Tensor>*>{&outputs, &inputs})
+                           : nullptr;
   auto work = c10::make_intrusive<RingWork>(rank_, type, name, seq, std::move(outputs), queue_.state(),
                                             on_cuda ? std::vector<c10::Device>{*device}
                                                     : std::vector<c10::Device>{});
   // A CUDA op's wait() blocks the host until the op is done on the device too (see cuda_side.h).
-  std::function<void()> task = [this, run = std::move(run), name, seq, t] {
+  std::function<void()> task = [this, run = std::move(run), name, seq, t, pins]() mutable {
     OpContext ctx;
     ctx.name = name;
     ctx.seq = seq;
     ctx.timeout = t;
     flight_->started(seq);
+    // Unpinned when the op ends, before its Work completes: a resize_ after wait() must work.
+    struct Unpin {
+      std::shared_ptr<StoragePins>& p;
+      ~Unpin() { p.reset(); }
+    } unpin{pins};
     try {
       // The deadline starts when the op starts: time spent queued behind earlier ops is theirs.
       run(ctx, Deadline::after(t));
@@ -606,8 +618,9 @@ std::pair<DType, size_t> as_moved(const at::Tensor& t) {
 
 }  // namespace
 
-c10::intrusive_ptr<c10d::Work> RingBackend::allreduce(std::vector<at::Tensor>& tensors,
+c10::intrusive_ptr<c10d::Work> RingBackend::allreduce(std::vector<at::Tensor>& tensors_arg,
                                                       const c10d::AllreduceOptions& opts) {
+  const auto tensors = held(tensors_arg, opts.asyncOp);
   at::Tensor t = single_tensor(tensors, "allreduce", rank_);
   return enqueue(c10d::OpType::ALLREDUCE, "allreduce", {t}, {}, opts.timeout, opts.asyncOp,
                  allreduce_body(t, opts.reduceOp));
@@ -634,7 +647,9 @@ RingBackend::Body RingBackend::allreduce_body(const at::Tensor& t, const c10d::R
 }
 
 c10::intrusive_ptr<c10d::Work> RingBackend::_reduce_scatter_base(
-    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+    at::Tensor& output_arg, at::Tensor& input_arg, const c10d::ReduceScatterOptions& opts) {
+  const auto output = held(output_arg, opts.asyncOp);
+  const auto input = held(input_arg, opts.asyncOp);
   return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter", {output}, {input}, opts.timeout,
                  opts.asyncOp, reduce_scatter_body(output, input, opts.reduceOp));
 }
@@ -664,8 +679,10 @@ RingBackend::Body RingBackend::reduce_scatter_body(const at::Tensor& output, con
 }
 
 c10::intrusive_ptr<c10d::Work> RingBackend::reduce_scatter(
-    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    std::vector<at::Tensor>& outputs_arg, std::vector<std::vector<at::Tensor>>& inputs_arg,
     const c10d::ReduceScatterOptions& opts) {
+  const auto outputs = held(outputs_arg, opts.asyncOp);
+  const auto inputs = held(inputs_arg, opts.asyncOp);
   const char* name = "reduce_scatter";
   at::Tensor output = single_tensor(outputs, name, rank_);
   if (inputs.size() != 1) {
@@ -696,8 +713,10 @@ c10::intrusive_ptr<c10d::Work> RingBackend::reduce_scatter(
                  });
 }
 
-c10::intrusive_ptr<c10d::Work> RingBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
+c10::intrusive_ptr<c10d::Work> RingBackend::_allgather_base(at::Tensor& output_arg, at::Tensor& input_arg,
                                                             const c10d::AllgatherOptions& opts) {
+  const auto output = held(output_arg, opts.asyncOp);
+  const auto input = held(input_arg, opts.asyncOp);
   return enqueue(c10d::OpType::_ALLGATHER_BASE, "allgather", {output}, {input}, opts.timeout, opts.asyncOp,
                  allgather_body(output, input));
 }
@@ -729,9 +748,11 @@ RingBackend::Body RingBackend::allgather_body(const at::Tensor& output, const at
   };
 }
 
-c10::intrusive_ptr<c10d::Work> RingBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
-                                                      std::vector<at::Tensor>& inputs,
+c10::intrusive_ptr<c10d::Work> RingBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs_arg,
+                                                      std::vector<at::Tensor>& inputs_arg,
                                                       const c10d::AllgatherOptions& opts) {
+  const auto outputs = held(outputs_arg, opts.asyncOp);
+  const auto inputs = held(inputs_arg, opts.asyncOp);
   at::Tensor input = single_tensor(inputs, "allgather", rank_);
   if (outputs.size() != 1) {
     fail(detail::cat("ringreduce allgather: rank ", rank_, ": expected one output list, got ",
@@ -796,8 +817,9 @@ std::vector<void*> pointers(const std::vector<at::Tensor>& ts) {
 
 }  // namespace
 
-c10::intrusive_ptr<c10d::Work> RingBackend::reduce(std::vector<at::Tensor>& tensors,
+c10::intrusive_ptr<c10d::Work> RingBackend::reduce(std::vector<at::Tensor>& tensors_arg,
                                                    const c10d::ReduceOptions& opts) {
+  const auto tensors = held(tensors_arg, opts.asyncOp);
   const char* name = "reduce";
   at::Tensor t = single_tensor(tensors, name, rank_);
   const int root = checked_root(opts.rootRank, name);
@@ -815,9 +837,11 @@ c10::intrusive_ptr<c10d::Work> RingBackend::reduce(std::vector<at::Tensor>& tens
                  });
 }
 
-c10::intrusive_ptr<c10d::Work> RingBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
-                                                   std::vector<at::Tensor>& inputs,
+c10::intrusive_ptr<c10d::Work> RingBackend::gather(std::vector<std::vector<at::Tensor>>& outputs_arg,
+                                                   std::vector<at::Tensor>& inputs_arg,
                                                    const c10d::GatherOptions& opts) {
+  const auto outputs = held(outputs_arg, opts.asyncOp);
+  const auto inputs = held(inputs_arg, opts.asyncOp);
   const char* name = "gather";
   at::Tensor input = single_tensor(inputs, name, rank_);
   const int root = checked_root(opts.rootRank, name);
@@ -846,9 +870,11 @@ c10::intrusive_ptr<c10d::Work> RingBackend::gather(std::vector<std::vector<at::T
                  });
 }
 
-c10::intrusive_ptr<c10d::Work> RingBackend::scatter(std::vector<at::Tensor>& outputs,
-                                                    std::vector<std::vector<at::Tensor>>& inputs,
+c10::intrusive_ptr<c10d::Work> RingBackend::scatter(std::vector<at::Tensor>& outputs_arg,
+                                                    std::vector<std::vector<at::Tensor>>& inputs_arg,
                                                     const c10d::ScatterOptions& opts) {
+  const auto outputs = held(outputs_arg, opts.asyncOp);
+  const auto inputs = held(inputs_arg, opts.asyncOp);
   const char* name = "scatter";
   at::Tensor output = single_tensor(outputs, name, rank_);
   const int root = checked_root(opts.rootRank, name);
@@ -876,10 +902,12 @@ c10::intrusive_ptr<c10d::Work> RingBackend::scatter(std::vector<at::Tensor>& out
                  });
 }
 
-c10::intrusive_ptr<c10d::Work> RingBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
+c10::intrusive_ptr<c10d::Work> RingBackend::alltoall_base(at::Tensor& output_arg, at::Tensor& input_arg,
                                                           std::vector<int64_t>& output_split_sizes,
                                                           std::vector<int64_t>& input_split_sizes,
                                                           const c10d::AllToAllOptions& opts) {
+  const auto output = held(output_arg, opts.asyncOp);
+  const auto input = held(input_arg, opts.asyncOp);
   const char* name = "alltoall";
   single_tensor({output}, name, rank_);
   single_tensor({input}, name, rank_);
@@ -932,9 +960,11 @@ c10::intrusive_ptr<c10d::Work> RingBackend::alltoall_base(at::Tensor& output, at
                  });
 }
 
-c10::intrusive_ptr<c10d::Work> RingBackend::alltoall(std::vector<at::Tensor>& outputs,
-                                                     std::vector<at::Tensor>& inputs,
+c10::intrusive_ptr<c10d::Work> RingBackend::alltoall(std::vector<at::Tensor>& outputs_arg,
+                                                     std::vector<at::Tensor>& inputs_arg,
                                                      const c10d::AllToAllOptions& opts) {
+  const auto outputs = held(outputs_arg, opts.asyncOp);
+  const auto inputs = held(inputs_arg, opts.asyncOp);
   const char* name = "alltoall";
   if (static_cast<int>(outputs.size()) != size_ || static_cast<int>(inputs.size()) != size_) {
     fail(detail::cat("ringreduce alltoall: rank ", rank_, ": expected ", size_,
@@ -989,7 +1019,8 @@ void check_pairs(size_t outputs, size_t inputs, const char* op, int rank) {
 }  // namespace
 
 c10::intrusive_ptr<c10d::Work> RingBackend::allreduce_coalesced(
-    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+    std::vector<at::Tensor>& tensors_arg, const c10d::AllreduceCoalescedOptions& opts) {
+  const auto tensors = held(tensors_arg, opts.asyncOp);
   std::vector<Body> parts;
   for (const at::Tensor& t : tensors) parts.push_back(allreduce_body(t, opts.reduceOp));
   return enqueue(c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", tensors, {}, opts.timeout,
@@ -997,8 +1028,10 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allreduce_coalesced(
 }
 
 c10::intrusive_ptr<c10d::Work> RingBackend::allgather_into_tensor_coalesced(
-    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    std::vector<at::Tensor>& outputs_arg, std::vector<at::Tensor>& inputs_arg,
     const c10d::AllgatherOptions& opts) {
+  const auto outputs = held(outputs_arg, opts.asyncOp);
+  const auto inputs = held(inputs_arg, opts.asyncOp);
   check_pairs(outputs.size(), inputs.size(), "allgather_into_tensor_coalesced", rank_);
   std::vector<Body> parts;
   for (size_t i = 0; i < outputs.size(); ++i) parts.push_back(allgather_body(outputs[i], inputs[i]));
@@ -1007,8 +1040,10 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allgather_into_tensor_coalesced(
 }
 
 c10::intrusive_ptr<c10d::Work> RingBackend::reduce_scatter_tensor_coalesced(
-    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    std::vector<at::Tensor>& outputs_arg, std::vector<at::Tensor>& inputs_arg,
     const c10d::ReduceScatterOptions& opts) {
+  const auto outputs = held(outputs_arg, opts.asyncOp);
+  const auto inputs = held(inputs_arg, opts.asyncOp);
   check_pairs(outputs.size(), inputs.size(), "reduce_scatter_tensor_coalesced", rank_);
   std::vector<Body> parts;
   for (size_t i = 0; i < outputs.size(); ++i) {
@@ -1019,8 +1054,10 @@ c10::intrusive_ptr<c10d::Work> RingBackend::reduce_scatter_tensor_coalesced(
 }
 
 c10::intrusive_ptr<c10d::Work> RingBackend::allgather_coalesced(
-    std::vector<std::vector<at::Tensor>>& output_lists, std::vector<at::Tensor>& inputs,
+    std::vector<std::vector<at::Tensor>>& output_lists_arg, std::vector<at::Tensor>& inputs_arg,
     const c10d::AllgatherOptions& opts) {
+  const auto output_lists = held(output_lists_arg, opts.asyncOp);
+  const auto inputs = held(inputs_arg, opts.asyncOp);
   check_pairs(output_lists.size(), inputs.size(), "allgather_coalesced", rank_);
   std::vector<Body> parts;
   std::vector<at::Tensor> outputs;
@@ -1032,8 +1069,9 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allgather_coalesced(
                  opts.asyncOp, in_order(std::move(parts)));
 }
 
-c10::intrusive_ptr<c10d::Work> RingBackend::broadcast(std::vector<at::Tensor>& tensors,
+c10::intrusive_ptr<c10d::Work> RingBackend::broadcast(std::vector<at::Tensor>& tensors_arg,
                                                       const c10d::BroadcastOptions& opts) {
+  const auto tensors = held(tensors_arg, opts.asyncOp);
   const char* name = "broadcast";
   at::Tensor t = single_tensor(tensors, name, rank_);
   const int root = checked_root(opts.rootRank, name);
@@ -1064,9 +1102,12 @@ namespace ringreduce {
 namespace {
 
 // The p2p engine's completion: copy a strided receive back, name the source, complete the Work.
+// `pins` keeps the storages the engine writes or reads in place until then (see StoragePins).
 P2p::Done p2p_done(c10::intrusive_ptr<RingWork> work, at::Tensor user, at::Tensor buf) {
-  return [work = std::move(work), user = std::move(user), buf = std::move(buf)](
-             std::exception_ptr error, int source) {
+  const std::vector<at::Tensor> used{user, buf};
+  auto pins = std::make_shared<StoragePins>(std::initializer_list<const std::vector<at::Tensor>*>{&used});
+  return [work = std::move(work), user = std::move(user), buf = std::move(buf), pins](
+             std::exception_ptr error, int source) mutable {
     if (!error && !user.is_same(buf)) {
       try {
         at::NoGradGuard no_grad;
@@ -1078,6 +1119,7 @@ P2p::Done p2p_done(c10::intrusive_ptr<RingWork> work, at::Tensor user, at::Tenso
         error = std::current_exception();
       }
     }
+    pins.reset();
     work->set_source_rank(source);
     work->complete(error ? as_dist_error(error) : nullptr);
   };
