@@ -330,3 +330,65 @@ def test_a_rank_stopped_past_the_timeout_is_named_as_stopped(tmp_path, backend):
         assert "did not issue the same ops" not in err, why
     assert "error" in results.get(1, {}), why  # it finds the group aborted when it goes on
     assert not leaked
+
+
+SMALL_SHM_WORKER = r'''
+import json, os, sys, time
+from datetime import timedelta
+import torch.distributed as dist
+import ringreduce  # noqa: F401
+rank = int(os.environ["RANK"])
+t0 = time.time()
+res = {"rank": rank}
+try:
+    dist.init_process_group("ringreduce", timeout=timedelta(seconds=30))
+    res["error"] = None
+except Exception as e:
+    res["error"] = str(e)
+res["t"] = time.time() - t0
+print(json.dumps(res), flush=True)
+'''
+
+
+def _can_unshare_mount():
+    try:
+        return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                               "mount -t tmpfs -o size=1m tmpfs /dev/shm"],
+                              capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def test_a_dev_shm_too_small_fails_every_rank_at_once_with_the_size_and_the_fix(tmp_path, backend):
+    """Docker's default /dev/shm is 64 MB. Here a 20 MB tmpfs on /dev/shm, in a mount namespace of
+    the test's own: two ranks' segments fit, the third's does not. Every rank must fail within a
+    second or two (the store's timeout is 30 s), say how much is needed and how to get it, and
+    leave nothing in /dev/shm."""
+    if backend != "ringreduce":
+        pytest.skip("ringreduce's shared-memory set-up")
+    if not _can_unshare_mount():
+        pytest.skip("`unshare --mount` and a tmpfs mount are not permitted here (needs root)")
+    world, port = 3, harness.free_port()
+    script = tmp_path / "worker.py"
+    script.write_text(SMALL_SHM_WORKER)
+    launch = " ".join(
+        f"RANK={r} WORLD_SIZE={world} MASTER_ADDR=127.0.0.1 MASTER_PORT={port} "
+        f"{sys.executable} {script} & " for r in range(world))
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("RINGREDUCE_TRANSPORT", None)
+    out = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+         f"mount -t tmpfs -o size=20m tmpfs /dev/shm && {launch} wait; echo LEFT: $(ls /dev/shm)"],
+        capture_output=True, text=True, timeout=120, env=env)
+    lines = out.stdout.splitlines()
+    results = [json.loads(x) for x in lines if x.startswith("{")]
+    why = out.stdout + out.stderr[-3000:]
+    assert len(results) == world, why
+    for res in results:
+        err = res["error"]
+        assert err is not None, why
+        assert "cannot reserve" in err and "MiB" in err and "/dev/shm holds" in err, why
+        assert "--shm-size" in err and "RINGREDUCE_TRANSPORT=tcp" in err, why
+        assert res["t"] < 5, why
+    assert any(f"rank {r} failed" in res["error"] for res in results for r in range(world)), why
+    assert [x.strip() for x in lines if x.startswith("LEFT:")] == ["LEFT:"], why

@@ -167,9 +167,10 @@ void reduce_tensors(const at::Tensor& dst, const at::Tensor& a, const at::Tensor
 RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                          std::chrono::milliseconds timeout)
     : c10d::Backend(rank, size), timeout_(timeout) {
+  StoreBootstrap bs(store);
   try {
-    StoreBootstrap bs(store);
     const std::string prefix = incarnation_prefix(bs, size);
+    bs.watch(prefix + "setup/failed", size);
     config_ = Config::agree(bs, prefix, rank, size);
     LinkOptions lo;
     lo.mode = config_.transport;
@@ -230,10 +231,14 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
       const std::string why = links_->transport().abort_reason();
       if (!why.empty()) dump_on_failure("the group was aborted while this rank was in no op: " + why);
     });
-  } catch (const c10::Error&) {
+  } catch (const c10::Error& e) {
+    bs.fail(detail::cat("rank ", rank, " failed: ", e.what_without_backtrace()));
     throw;
   } catch (const std::exception& e) {
-    fail(detail::cat("ringreduce: rank ", rank, " could not set up the process group: ", e.what()));
+    // Every other rank of the group hears of it at once (StoreBootstrap::watch).
+    bs.fail(detail::cat("rank ", rank, " failed: ", e.what()));
+    fail(detail::cat("ringreduce: rank ", rank, " could not set up the process group",
+                     bs.peer_failed() ? " because " : ": ", e.what()));
   }
 }
 

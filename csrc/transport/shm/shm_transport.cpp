@@ -6,6 +6,7 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -104,7 +105,31 @@ void sweep_stale_segments() {
   closedir(dir);
 }
 
+// MiB with one decimal, for messages about /dev/shm.
+std::string mib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / (1 << 20));
+  return buf;
+}
+
 }  // namespace
+
+std::string ShmTransport::no_room_message(int rank, int size, int err) const {
+  struct statvfs fs;
+  const bool known = statvfs("/dev/shm", &fs) == 0;
+  const double total = known ? static_cast<double>(fs.f_blocks) * fs.f_frsize : 0;
+  const double avail = known ? static_cast<double>(fs.f_bavail) * fs.f_frsize : 0;
+  return detail::cat(
+      "ringreduce shm: rank ", rank, " cannot reserve ", mib(segment_bytes_), " in /dev/shm for ",
+      own_name_, ": ", std::strerror(err),
+      known ? detail::cat(" (/dev/shm holds ", mib(total), ", ", mib(avail), " free)") : std::string(),
+      ". Each rank of a group on this host needs a segment like this one (this group of ", size,
+      ": up to ", mib(static_cast<double>(segment_bytes_) * size),
+      "), one for the collectives and a smaller one for point-to-point. Give /dev/shm more room (docker run --shm-size=1g; "
+      "in Kubernetes an emptyDir with medium: Memory mounted there), or use "
+      "RINGREDUCE_TRANSPORT=tcp, or shrink the segments with RINGREDUCE_WINDOW_BYTES, "
+      "RINGREDUCE_SLICE_BYTES and RINGREDUCE_SLOTS");
+}
 
 // At offset 0 of every segment. Written by the owner before it publishes the name, then read-only
 // except for the abort fields, which any rank may write.
@@ -196,11 +221,7 @@ ShmTransport::ShmTransport(Bootstrap& bs, const std::string& prefix, int rank, i
     const int reserved = posix_fallocate(fd, 0, static_cast<off_t>(segment_bytes_));
     if (reserved != 0) {
       close(fd);
-      errno = reserved;
-      RR_SYSCHECK(false, "ringreduce shm: rank ", rank, " cannot reserve ", segment_bytes_,
-                  " bytes in /dev/shm for ", own_name_,
-                  " (is /dev/shm full or small? RINGREDUCE_SLICE_BYTES and RINGREDUCE_SLOTS set how "
-                  "much each rank needs)");
+      throw Error(no_room_message(rank, size, reserved));
     }
     void* base = mmap(nullptr, segment_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     const int map_errno = errno;

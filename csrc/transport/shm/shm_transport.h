@@ -105,6 +105,8 @@ class ShmTransport final : public Transport, private PeerWindow {
   struct Segment;
   struct Fifo;
 
+  // Why this rank's segment did not fit in /dev/shm (errno `err`), what it needs and the ways out.
+  std::string no_room_message(int rank, int size, int err) const;
   Segment* segment(int owner) const;
   Fifo* fifo(int receiver, int sender) const;
   uint8_t* slot(int receiver, int sender, uint64_t index) const;
