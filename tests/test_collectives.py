@@ -239,11 +239,13 @@ def _rank_coalesced(ctx):
         if not torch.equal(o, want):
             failures.append(f"reduce_scatter_tensor_coalesced: size {k} wrong")
 
-    lists = [[torch.empty(k) for _ in range(n)] for k in sizes]
-    backend.allgather_coalesced(lists, [x.clone() for x in xs[r]]).wait()
-    for i, (k, lst) in enumerate(zip(sizes, lists)):
-        if not all(torch.equal(lst[q], xs[q][i]) for q in range(n)):
-            failures.append(f"allgather_coalesced: size {k} wrong")
+    # torch's layout: one list per rank, each with one tensor per input; the same through gloo.
+    for g, which in ((None, "ringreduce"), (ctx.gloo, "gloo")):
+        lists = [[torch.full((k,), -1.0) for k in sizes] for _ in range(n)]
+        dist.all_gather_coalesced(lists, [x.clone() for x in xs[r]], group=g)
+        for i, k in enumerate(sizes):
+            if not all(torch.equal(lists[q][i], xs[q][i]) for q in range(n)):
+                failures.append(f"all_gather_coalesced ({which}): size {k} wrong")
     return failures, {}
 
 

@@ -197,7 +197,7 @@ def test_a_rank_that_never_calls_is_named_by_the_timeout(tmp_path, backend, tran
     for rank in range(world - 1):
         r = results.get(rank)
         assert r is not None and "error" in r, why
-        assert "allreduce #" in r["error"] and "timed out" in r["error"], why
+        assert "allreduce #" in r["error"] and " Timed out " in r["error"], why
         named += f"rank {world - 1} has not arrived" in r["error"]
     # The rank that times out first follows the chain of waits to the absent rank (reading its
     # peers' segments over shared memory, asking them over TCP), and its abort tells the others.
@@ -326,7 +326,7 @@ def test_a_rank_stopped_past_the_timeout_is_named_as_stopped(tmp_path, backend):
     why = _explain(results, outputs)
     for rank in (0, 2):
         err = results.get(rank, {}).get("error", "")
-        assert "timed out" in err and "rank 1 is stopped" in err, why
+        assert " Timed out " in err and "rank 1 is stopped" in err, why
         assert "did not issue the same ops" not in err, why
     assert "error" in results.get(1, {}), why  # it finds the group aborted when it goes on
     assert not leaked

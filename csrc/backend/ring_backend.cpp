@@ -15,6 +15,8 @@
 #include <random>
 #include <utility>
 
+#include "backend/monitored_barrier.h"
+#include "backend/sparse.h"
 #include "backend/storage_pins.h"
 #include "backend/store_bootstrap.h"
 #ifdef RINGREDUCE_WITH_CUDA
@@ -166,10 +168,11 @@ void reduce_tensors(const at::Tensor& dst, const at::Tensor& a, const at::Tensor
 
 RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                          std::chrono::milliseconds timeout)
-    : c10d::Backend(rank, size), timeout_(timeout) {
+    : c10d::Backend(rank, size), timeout_(timeout), store_(store) {
   StoreBootstrap bs(store);
   try {
     const std::string prefix = incarnation_prefix(bs, size);
+    prefix_ = prefix;
     bs.watch(prefix + "setup/failed", size);
     config_ = Config::agree(bs, prefix, rank, size);
     LinkOptions lo;
@@ -625,6 +628,12 @@ std::pair<DType, size_t> as_moved(const at::Tensor& t) {
 
 c10::intrusive_ptr<c10d::Work> RingBackend::allreduce(std::vector<at::Tensor>& tensors_arg,
                                                       const c10d::AllreduceOptions& opts) {
+  if (tensors_arg.size() == 1 && tensors_arg[0].defined() && tensors_arg[0].is_sparse()) {
+    // The result replaces the caller's tensor's indices and values: its own TensorImpl, not held.
+    const at::Tensor& t = tensors_arg[0];
+    return enqueue(c10d::OpType::ALLREDUCE, "allreduce", {t}, {}, opts.timeout, opts.asyncOp,
+                   sparse_allreduce_body(t, opts.reduceOp, rank_, size_));
+  }
   const auto tensors = held(tensors_arg, opts.asyncOp);
   at::Tensor t = single_tensor(tensors, "allreduce", rank_);
   return enqueue(c10d::OpType::ALLREDUCE, "allreduce", {t}, {}, opts.timeout, opts.asyncOp,
@@ -1063,12 +1072,28 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allgather_coalesced(
     const c10d::AllgatherOptions& opts) {
   const auto output_lists = held(output_lists_arg, opts.asyncOp);
   const auto inputs = held(inputs_arg, opts.asyncOp);
-  check_pairs(output_lists.size(), inputs.size(), "allgather_coalesced", rank_);
+  // torch's layout (dist.all_gather_coalesced, as gloo reads it): one list per rank, each with
+  // one tensor per input; output_lists[r][i] receives rank r's input i.
+  const char* name = "allgather_coalesced";
+  if (output_lists.size() != static_cast<size_t>(size_)) {
+    fail(detail::cat("ringreduce ", name, ": rank ", rank_, ": expected one output list per rank (",
+                     size_, "), got ", output_lists.size()));
+  }
+  for (size_t r = 0; r < output_lists.size(); ++r) {
+    if (output_lists[r].size() != inputs.size()) {
+      fail(detail::cat("ringreduce ", name, ": rank ", rank_, ": output list ", r, " has ",
+                       output_lists[r].size(), " tensors for ", inputs.size(), " inputs"));
+    }
+  }
   std::vector<Body> parts;
   std::vector<at::Tensor> outputs;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    parts.push_back(allgather_list_body(output_lists[i], inputs[i]));
-    outputs.insert(outputs.end(), output_lists[i].begin(), output_lists[i].end());
+    std::vector<at::Tensor> gathered;  // input i of every rank
+    for (const std::vector<at::Tensor>& list : output_lists) gathered.push_back(list[i]);
+    parts.push_back(allgather_list_body(gathered, inputs[i]));
+  }
+  for (const std::vector<at::Tensor>& list : output_lists) {
+    outputs.insert(outputs.end(), list.begin(), list.end());
   }
   return enqueue(c10d::OpType::ALLGATHER_COALESCED, "allgather_coalesced", outputs, inputs, opts.timeout,
                  opts.asyncOp, in_order(std::move(parts)));
@@ -1093,6 +1118,12 @@ c10::intrusive_ptr<c10d::Work> RingBackend::broadcast(std::vector<at::Tensor>& t
                    algo.broadcast(buf.data_ptr(), count, d, root, ctx, dl);
                    if (!buf.is_same(t) && rank_ != root) t.copy_(buf);
                  });
+}
+
+void RingBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
+  const std::chrono::milliseconds t = opts.timeout == c10d::kUnsetTimeout ? timeout_ : opts.timeout;
+  monitored_barrier(*store_, detail::cat(prefix_, "monitored_barrier/", monitored_barriers_++, "/"),
+                    rank_, size_, t, waitAllRanks);
 }
 
 c10::intrusive_ptr<c10d::Work> RingBackend::barrier(const c10d::BarrierOptions& opts) {

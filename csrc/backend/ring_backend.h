@@ -49,9 +49,17 @@ class RingBackend final : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override;
+  // Where torch sends sparse tensors (its dispatcher's SparseCPU key): the same as allreduce.
+  c10::intrusive_ptr<c10d::Work> allreduce_sparse(std::vector<at::Tensor>& tensors,
+                                                  const c10d::AllreduceOptions& opts) override {
+    return allreduce(tensors, opts);
+  }
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  // ProcessGroup.monitored_barrier (torch's dist.monitored_barrier itself accepts gloo groups
+  // only; this is what the process group's own method reaches). See monitored_barrier.h.
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) override;
 
   // The ring's halves as collectives of their own.
   c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -189,6 +197,9 @@ class RingBackend final : public c10d::Backend {
   std::mutex mu_;  // orders sequence numbers with queue order when several threads issue ops
   uint64_t next_seq_ = 0;
   std::chrono::milliseconds timeout_;
+  c10::intrusive_ptr<c10d::Store> store_;  // set-up, and the monitored barrier
+  std::string prefix_;                      // this group incarnation's keys on it
+  uint64_t monitored_barriers_ = 0;         // each gets keys of its own
   std::unique_ptr<FlightRecorder> flight_;
   std::string flight_dir_;
   OpQueue queue_;  // last member: its thread stops before the ring and transport go away

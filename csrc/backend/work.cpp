@@ -33,7 +33,7 @@ bool RingWork::wait(std::chrono::milliseconds timeout) {
   } else if (!cv_.wait_for(lock, timeout, [this] { return completed_; })) {
     C10_THROW_ERROR(DistBackendError,
                     detail::cat("ringreduce ", op_name_, " #", seq_, ": rank ", rank_,
-                                ": Work.wait timed out after ", timeout.count(),
+                                ": Timed out in Work.wait after ", timeout.count(),
                                 " ms; the op is still running and keeps its own deadline"));
   }
   if (exception_) std::rethrow_exception(exception_);

@@ -436,7 +436,7 @@ bool P2p::check_deadlines() {
     it = posted_.erase(it);
     changed = true;
     finish(r, std::make_exception_ptr(TimeoutError(detail::cat(
-                  describe(*r), ": timed out after ", r->timeout.count(),
+                  describe(*r), ": Timed out after ", r->timeout.count(),
                   " ms: no matching send arrived"))));
   }
   for (int p = 0; p < size_; ++p) {
@@ -451,7 +451,7 @@ bool P2p::check_deadlines() {
       it = peer.awaiting_clear.erase(it);
       changed = true;
       finish(r, std::make_exception_ptr(TimeoutError(detail::cat(
-                    describe(*r), ": timed out after ", r->timeout.count(), " ms: rank ", p,
+                    describe(*r), ": Timed out after ", r->timeout.count(), " ms: rank ", p,
                     " posted no matching recv"))));
     }
     // A matched transfer that runs out of time stopped halfway: its peer is gone or stuck, and
@@ -463,7 +463,7 @@ bool P2p::check_deadlines() {
     if (stuck != nullptr) {
       const Request& r = **stuck;
       const std::string why = detail::cat(
-          describe(r), ": timed out after ", r.timeout.count(), " ms with ", r.offset, " of ",
+          describe(r), ": Timed out after ", r.timeout.count(), " ms with ", r.offset, " of ",
           r.bytes, " bytes moved: rank ", p, " stopped in the middle of the transfer");
       t_.abort_group(why);
       throw TimeoutError(why);

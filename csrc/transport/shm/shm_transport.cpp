@@ -414,7 +414,7 @@ void ShmTransport::wait_until(WaitWord& word, Ready ready, int peer, const char*
     if (own->aborted.load(std::memory_order_acquire)) throw_aborted(op);
     if (dl.passed()) {
       const std::string msg = detail::cat(
-          "ringreduce ", op.name, " #", op.seq, ": rank ", rank_, " timed out after ",
+          "ringreduce ", op.name, " #", op.seq, ": rank ", rank_, ": Timed out after ",
           op.timeout.count(), " ms waiting for rank ", peer, " (", waiting_for, "); ",
           follow_waits(chain_view(), peer, op));
       // An abort that came in meanwhile is an earlier rank's timeout, which saw more of the chain

@@ -993,7 +993,7 @@ void TcpTransport::wait_until(std::unique_lock<std::mutex>& lock, Ready ready, i
     if (dl.passed()) {
       lock.unlock();
       const std::string msg = detail::cat(
-          "ringreduce ", op.name, " #", op.seq, ": rank ", rank_, " timed out after ",
+          "ringreduce ", op.name, " #", op.seq, ": rank ", rank_, ": Timed out after ",
           op.timeout.count(), " ms waiting for rank ", peer, " (", waiting_for, ") over TCP; ",
           follow_waits(chain_view(), peer, op));
       // An abort that came in meanwhile is an earlier rank's timeout, which saw more of the chain
