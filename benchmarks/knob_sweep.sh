@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces README.md's knob table: all-reduce busbw (and 1 KiB latency) for each slice size and
+# Reproduces the knob table of docs/knobs.md: all-reduce busbw (and 1 KiB latency) for each slice size and
 # spin time, at 2 and 4 ranks, ringreduce alone. Run from the repository root after `make build`.
 #   benchmarks/knob_sweep.sh [python]
 set -euo pipefail

@@ -4,8 +4,9 @@ It must be cheap and must never break torch (torch turns an exception raised her
 ``import torch``). Importing the package registers the backend (pure Python, see
 _registration.py); the hook then loads the extension too, so that a broken build is reported
 here, once, with the reason, instead of at the first init_process_group. Set RINGREDUCE_AUTOLOAD=0
-to skip loading the extension here (it is then loaded by the first ringreduce process group), or
-TORCH_DEVICE_BACKEND_AUTOLOAD=0 to skip all such hooks.
+to skip this hook altogether (the backend is then registered by ``import ringreduce``, and the
+extension loaded by the first ringreduce process group), or TORCH_DEVICE_BACKEND_AUTOLOAD=0 to skip
+all such hooks.
 """
 
 import os

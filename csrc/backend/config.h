@@ -1,4 +1,4 @@
-// The knobs, read from the environment in one place (documented in README.md, "Knobs").
+// The knobs, read from the environment in one place (documented in docs/knobs.md).
 #pragma once
 
 #include <chrono>
@@ -66,7 +66,7 @@ struct Config {
   // With a core per rank, slices small enough that a link's slots stay in cache win (2 ranks, 32
   // MiB: 15.8 GB/s busbw at 128K, 11.6 at 512K). With more ranks than cores every hand-off may
   // cost a context switch, so fewer, larger slices win (4 ranks on 2 cores: 3.8 GB/s at 128K,
-  // 5.6 at 512K). README.md has the sweep.
+  // 5.6 at 512K). docs/knobs.md has the sweep.
   static size_t default_slice_bytes(int local_ranks);
 
   // Every rank must slice the same way, so rank 0's values win: rank 0 reads its environment
