@@ -5,6 +5,8 @@
 #                 (then the collective suites again over the TCP transport)
 #   make bench-peers  set up .venv-peers (OpenMPI's mpi4py, DeepSpeed), then time all-reduce for
 #                 ringreduce, gloo, OpenMPI and DeepSpeed's shared-memory all-reduce in one run
+#   make test-torch-suite  torch's own DistributedTest suite on ringreduce and on gloo, compared
+#                 (about an hour on 2 cores; `make test` runs a part of it)
 #
 # A second run reuses .venv and rebuilds only what changed. Variables:
 #   TORCH_VERSION=2.13.0   the torch installed into .venv (the development machines have a CPU
@@ -21,14 +23,15 @@ MAX_JOBS ?= 2
 BENCH_ARGS ?=
 PEERS_ARGS ?=
 PYTEST_ARGS ?=
+TORCH_SUITE_ARGS ?=
 
 PY := $(VENV)/bin/python
-DEPS_REV := 3# bump when the list of packages below changes, so existing .venvs get them
+DEPS_REV := 4# bump when the list of packages below changes, so existing .venvs get them
 DEPS_STAMP := $(VENV)/.deps-torch-$(TORCH_VERSION)-$(DEPS_REV)
 BUILD_STAMP := $(VENV)/.built
 SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.h' -o -name '*.cu') setup.py pyproject.toml
 
-.PHONY: setup build test test-cpp test-py bench bench-peers clean
+.PHONY: setup build test test-cpp test-py test-torch-suite bench bench-peers clean
 
 setup: $(DEPS_STAMP)
 
@@ -37,7 +40,8 @@ setup: $(DEPS_STAMP)
 $(DEPS_STAMP):
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"
-	$(PY) -m pip install --quiet pybind11 ninja pytest hypothesis numpy scikit-learn setuptools wheel
+	$(PY) -m pip install --quiet pybind11 ninja pytest hypothesis numpy scikit-learn setuptools wheel \
+		expecttest
 	rm -f $(VENV)/.deps-torch-* $(BUILD_STAMP)
 	touch $@
 
@@ -68,6 +72,11 @@ test-py: $(BUILD_STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests
 	RINGREDUCE_TRANSPORT=tcp $(PY) -m pytest -q $(PYTEST_ARGS) tests/test_collectives.py tests/test_p2p.py \
 		tests/test_soak.py
+
+# torch's suite needs expecttest (torch's own test dependency). In `make test`, tests/test_torch_suite.py
+# runs the part that covers what ringreduce had to change for it.
+test-torch-suite: $(BUILD_STAMP)
+	$(PY) scripts/torch_suite.py $(TORCH_SUITE_ARGS)
 
 bench: $(BUILD_STAMP)
 	$(PY) -m ringreduce.bench -g 2 $(BENCH_ARGS)

@@ -25,6 +25,18 @@ except ImportError:  # pragma: no cover - the message is the point
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
 
+def project_version():
+    """pyproject.toml's version: the one place it is written."""
+    import re
+
+    with open(os.path.join(ROOT, "pyproject.toml")) as f:
+        m = re.search(r'^version\s*=\s*"([^"]+)"', f.read(), re.M)
+    return m.group(1) if m else "unknown"
+
+
+VERSION = project_version()
+
+
 def sources(*patterns):
     found = []
     for pattern in patterns:
@@ -80,6 +92,7 @@ cxx_flags = [
     "-Wall",
     "-Wno-unused-parameter",
     f'-DRINGREDUCE_TORCH_VERSION="{torch.__version__}"',
+    f'-DRINGREDUCE_VERSION="{VERSION}"',
     # Numeric, for the few c10d hooks whose signature is newer than some torch we build against.
     "-DRINGREDUCE_TORCH_MINOR=%d" % (int(torch.__version__.split(".")[0]) * 100
                                      + int(torch.__version__.split(".")[1])),

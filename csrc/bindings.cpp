@@ -9,6 +9,7 @@
 
 #include "backend/ring_backend.h"
 #include "bucket/buckets.h"
+#include "reduce/reduce.h"
 #include "transport/tcp/wire.h"
 
 namespace py = pybind11;
@@ -165,4 +166,7 @@ PYBIND11_MODULE(_C, m) {
   // The torch this extension was compiled against (setup.py passes it): its C++ ABI is not stable
   // across torch releases, so the Python side compares it with the running torch.
   m.attr("torch_version") = RINGREDUCE_TORCH_VERSION;
+  m.attr("version") = RINGREDUCE_VERSION;
+  m.def("simd_level", &ringreduce::simd_level,
+        "Which copy of the CPU reduction loops this process runs (chosen from the CPU at load time)");
 }

@@ -26,6 +26,7 @@
 #include "reduce/reduce_cuda.h"
 #endif
 #include "common/error.h"
+#include "common/log.h"
 #include "p2p/p2p.h"
 #include "reduce/reduce.h"
 #include "algo/collectives.h"
@@ -193,8 +194,8 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     links_ = std::make_unique<Links>(bs, prefix, rank, size, lo);
     ring_ = std::make_unique<Ring>(links_->transport(), config_.slice_bytes);
     ring_->set_check_fingerprints(config_.check_fingerprints);
-    algo_ = std::make_unique<Collectives>(*ring_, links_->transport().window(),
-                                          Selector(size, config_.window_bytes, config_.algo));
+    const Selector selector(size, config_.window_bytes, config_.algo);
+    algo_ = std::make_unique<Collectives>(*ring_, links_->transport().window(), selector);
 #ifdef RINGREDUCE_WITH_CUDA
     // Nothing is set up on a device until the group's first CUDA op.
     cuda_ = std::make_unique<CudaSide>(store, prefix, rank, size, config_, links_->transport());
@@ -232,8 +233,27 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     queue_.set_idle([this] {
       if (flight_->dumped()) return;
       const std::string why = links_->transport().abort_reason();
-      if (!why.empty()) dump_on_failure("the group was aborted while this rank was in no op: " + why);
+      if (why.empty()) return;
+      if (!std::exchange(idle_abort_logged_, true) && log::enabled(log::Level::Warn)) {
+        log::write(log::Level::Warn, rank_, "the group was aborted while this rank was in no op: " + why);
+      }
+      dump_on_failure("the group was aborted while this rank was in no op: " + why);
     });
+    if (log::enabled(log::Level::Info)) {
+      std::string shm, tcp;
+      for (int p = 0; p < size; ++p) {
+        if (p == rank) continue;
+        std::string& list = links_->local()[p] ? shm : tcp;
+        list += detail::cat(list.empty() ? "" : ",", p);
+      }
+      log::write(log::Level::Info, rank,
+                 detail::cat("ringreduce ", RINGREDUCE_VERSION, " (torch ", RINGREDUCE_TORCH_VERSION,
+                             ", simd ", simd_level(), "): rank ", rank, " of ", size, ", group ",
+                             prefix, " (flight uid ", meta.group_uid, "); peers over shm: ",
+                             shm.empty() ? "none" : shm, "; over tcp: ", tcp.empty() ? "none" : tcp,
+                             tcp.empty() ? "" : detail::cat(" (listening on ", links_->tcp_address(), ")"),
+                             "; algorithms: ", selector.describe(), "; ", config_.to_string()));
+    }
   } catch (const c10::Error& e) {
     bs.fail(detail::cat("rank ", rank, " failed: ", e.what_without_backtrace()));
     throw;
@@ -448,12 +468,22 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const cha
                                             on_cuda ? std::vector<c10::Device>{*device}
                                                     : std::vector<c10::Device>{});
   // A CUDA op's wait() blocks the host until the op is done on the device too (see cuda_side.h).
-  std::function<void()> task = [this, run = std::move(run), name, seq, t, pins]() mutable {
+  // What a TRACE line says of the op, built only when one is written.
+  std::string traced;
+  if (log::enabled(log::Level::Trace)) {
+    const std::vector<at::Tensor> outs = work->result();
+    traced = outs.empty() ? detail::cat(name, " #", seq)
+                          : detail::cat(name, " #", seq, " ", outs[0].sizes(), " ", outs[0].scalar_type());
+    log::write(log::Level::Trace, rank_, detail::cat(traced, ": issued", async_op ? " (async)" : ""));
+  }
+  std::function<void()> task = [this, run = std::move(run), name, seq, t, pins,
+                                traced = std::move(traced)]() mutable {
     OpContext ctx;
     ctx.name = name;
     ctx.seq = seq;
     ctx.timeout = t;
     flight_->started(seq);
+    const Clock::time_point began = traced.empty() ? Clock::time_point() : Clock::now();
     // Unpinned when the op ends, before its Work completes: a resize_ after wait() must work.
     struct Unpin {
       std::shared_ptr<StoragePins>& p;
@@ -464,14 +494,24 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const cha
       run(ctx, Deadline::after(t));
     } catch (const std::exception& e) {
       flight_->finished(seq, e.what());
+      if (log::enabled(log::Level::Warn)) {
+        log::write(log::Level::Warn, rank_, detail::cat(name, " #", seq, " failed: ", e.what()));
+      }
       dump_on_failure(detail::cat(name, " #", seq, " failed: ", e.what()));
       throw;
     } catch (...) {
       flight_->finished(seq, "unknown error");
+      if (log::enabled(log::Level::Warn)) {
+        log::write(log::Level::Warn, rank_, detail::cat(name, " #", seq, " failed"));
+      }
       dump_on_failure(detail::cat(name, " #", seq, " failed"));
       throw;
     }
     flight_->finished(seq, "");
+    if (!traced.empty()) {
+      const double us = std::chrono::duration<double, std::micro>(Clock::now() - began).count();
+      log::write(log::Level::Trace, rank_, detail::cat(traced, ": done in ", us, " us"));
+    }
   };
   // Claiming or queueing under mu_ keeps queue order equal to sequence order; the op itself
   // runs without mu_, so other threads can issue ops (they queue behind it) meanwhile.

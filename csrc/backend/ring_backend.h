@@ -200,6 +200,7 @@ class RingBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Store> store_;  // set-up, and the monitored barrier
   std::string prefix_;                      // this group incarnation's keys on it
   uint64_t monitored_barriers_ = 0;         // each gets keys of its own
+  bool idle_abort_logged_ = false;          // RINGREDUCE_DEBUG's line for it, once
   std::unique_ptr<FlightRecorder> flight_;
   std::string flight_dir_;
   OpQueue queue_;  // last member: its thread stops before the ring and transport go away

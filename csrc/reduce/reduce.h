@@ -46,4 +46,9 @@ void scale(void* dst, const void* src, size_t n, DType t, double factor);
 // again soon (the caller's output buffer), never for data a peer is about to read.
 void copy(void* dst, const void* src, size_t bytes, bool streaming = false);
 
+// Which copy of the hot loops this process runs, as chosen at load time from the CPU: "avx2",
+// or "baseline (sse2)"; with ", f16c" where fp16 conversions use it. For RINGREDUCE_DEBUG and
+// `python -m ringreduce.info`.
+const char* simd_level();
+
 }  // namespace ringreduce

@@ -46,6 +46,7 @@
 #if RR_X86_64 && defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__) && \
     !defined(RINGREDUCE_BASELINE_ONLY) && !defined(__SANITIZE_THREAD__)
 #define RR_CLONES __attribute__((target_clones("avx2", "default")))
+#define RR_CLONES_ACTIVE 1
 #else
 #define RR_CLONES
 #endif
@@ -804,6 +805,26 @@ class CpuKernels final : public Kernels {
 Kernels& cpu_kernels() {
   static CpuKernels k;  // stateless: shared by every ring of the process
   return k;
+}
+
+const char* simd_level() {
+#if defined(__GNUC__) && !defined(__clang__) && RR_X86_64
+  const bool avx2 = __builtin_cpu_supports("avx2");
+#else
+  const bool avx2 = false;
+#endif
+#if RR_F16C
+  const bool f16c = have_f16c();
+#else
+  const bool f16c = false;
+#endif
+#ifdef RR_CLONES_ACTIVE
+  const bool clones = true;
+#else
+  const bool clones = false;
+#endif
+  if (clones && avx2) return f16c ? "avx2, f16c" : "avx2";
+  return f16c ? "baseline (sse2), f16c" : "baseline (sse2)";
 }
 
 }  // namespace ringreduce
