@@ -159,7 +159,7 @@ def worker(args) -> int:
         nbytes, med = rows[-1]
         ratio = med["gloo"] / med["ringreduce"]
         out.append(f"# {format_size(nbytes)}: ringreduce busbw = {ratio:.2f}x gloo over TCP between two "
-                   f"network namespaces (target >= 2x)")
+                   f"network namespaces")
         text = "\n".join(out)
         print(text, flush=True)
         if args.table:

@@ -1,4 +1,4 @@
-"""Drop-in checks with torch's own data-parallel machinery on ringreduce (issue 3):
+"""Drop-in checks with torch's own data-parallel machinery on ringreduce:
 DistributedDataParallel in every configuration a training script uses, FSDP2 (fully_shard)
 on CPU, and the save-on-rank-0 / load-everywhere checkpoint pattern.
 

@@ -1,4 +1,4 @@
-"""Faults (issue 5): a rank killed mid all-reduce, a rank stopped for a while, a rank that never
+"""Faults: a rank killed mid all-reduce, a rank stopped for a while, a rank that never
 comes; over shared memory and over TCP.
 
 Each case starts its own ranks as plain processes (env:// rendezvous on a TCPStore) because a

@@ -1,4 +1,4 @@
-"""The flight recorder (issue 5): each group keeps its last ops per rank, dumps them on a failure
+"""The flight recorder: each group keeps its last ops per rank, dumps them on a failure
 or on request, and ``python -m ringreduce.flight`` reads the dumps of all ranks.
 
 Each case makes a group of its own (so sequence numbers start at 0) on the shared pools. The

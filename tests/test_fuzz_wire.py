@@ -1,4 +1,4 @@
-"""Fuzz tests (hypothesis) of what the TCP transport reads from a socket (issue 5).
+"""Fuzz tests (hypothesis) of what the TCP transport reads from a socket.
 
 The checks are the very functions the transport's I/O thread applies (transport/tcp/wire.h,
 exposed as ringreduce._C.wire): a hello before a connection is accepted, every frame head before

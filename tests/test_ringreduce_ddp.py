@@ -1,4 +1,4 @@
-"""ringreduce.DistributedDataParallel against torch's DDP (issue 4).
+"""ringreduce.DistributedDataParallel against torch's DDP.
 
 Parity: the same model, data and seed trained for 20 steps under ringreduce's wrapper and under
 torch's DDP, on the same process group (the backend under test), in the same ranks; parameters

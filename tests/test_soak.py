@@ -1,4 +1,4 @@
-"""Soak (issue 5): thousands of async collectives of random kinds, sizes and dtypes on 4 ranks,
+"""Soak: thousands of async collectives of random kinds, sizes and dtypes on 4 ranks,
 many in flight at once, each result checked.
 
 Every rank draws the same plan from the call's seed, so all ranks issue the same ops in the same

@@ -1,4 +1,4 @@
-"""The TCP transport from torch.distributed (issue 5), on one host with RINGREDUCE_TRANSPORT=tcp.
+"""The TCP transport from torch.distributed, on one host with RINGREDUCE_TRANSPORT=tcp.
 
 Every collective the shared-memory path runs also runs over TCP: CI runs the collective and
 point-to-point suites a second time with the variable set (the Makefile's test-py). Here: the
