@@ -1156,7 +1156,9 @@ class Report:
               f"{SAFETY_ROUNDS} alternating runs: " + "; ".join(parts), flush=True)
 
     def summary(self, rows: list) -> None:
-        """The figures the project is judged on: latency at the smallest size, busbw at the largest."""
+        """nccl-tests' closing lines for the first backend (and one line per other backend), then
+        latency at the smallest size and busbw at the largest against the second backend."""
+        self.nccl_lines(rows)
         if len(self.names) < 2 or any(self.unsupported[:2]):
             return
         subject, baseline = self.names[:2]
@@ -1175,6 +1177,28 @@ class Report:
             f"({bw0:.2f} vs {bw1:.2f} GB/s){at_floor}",
             flush=True,
         )
+
+    def nccl_lines(self, rows: list) -> None:
+        """`# Out of bounds values : N OK|FAILED` and `# Avg bus bandwidth : X`, as nccl-tests ends its
+        output (scripts grep for them): the wrong elements summed over every size, and busbw averaged
+        over every size, for the first backend; the other backends follow on a line each."""
+        for i, name in enumerate(self.names):
+            results = [r[2][i] for r in rows if r[2][i].time_s is not None]
+            if not results:
+                continue
+            if not self.args.check:
+                wrong = "not checked (--no-check)"
+            else:
+                n = sum(r.wrong or 0 for r in results)
+                wrong = f"{n} {'OK' if n == 0 else 'FAILED'}"
+            busbw = statistics.fmean(self._busbw(nbytes, res[i].time_s)
+                                     for nbytes, _, res in rows if res[i].time_s is not None)
+            if i == 0:
+                print(f"# Out of bounds values : {wrong}")
+                print(f"# Avg bus bandwidth    : {busbw:.4f} ")
+            else:
+                print(f"# {name}: out of bounds values {wrong}; avg bus bandwidth {busbw:.4f}")
+        sys.stdout.flush()
 
     def headline(self, rows: list) -> None:
         """For ringreduce's all_reduce with its ranks on one GPU, at world size 2: a large op against

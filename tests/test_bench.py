@@ -448,3 +448,17 @@ def test_ddp_step_benchmark_runs(backend, zero_grad):
                      r"torch DDP on gloo; ringreduce DDP's step is [\d.]+ ms (longer|shorter)", p.stdout), p.stdout
     assert re.search(r"overlap: ringreduce DDP's step \(overlap=True\) is [\d.]+ ms (shorter|longer) than "
                      r"with overlap=False", p.stdout), p.stdout
+
+
+def test_nccl_tests_closing_lines(monkeypatch, capsys):
+    # nccl-tests ends with these two lines, which scripts grep for: wrong elements summed over the
+    # sizes (OK at 0), busbw averaged over the sizes; here for ringreduce, then gloo on a line.
+    report = cuda_report(monkeypatch)
+    rows = [(1 << 20, 1 << 18, [bench.Result(1e-3, 0), bench.Result(2e-3, 0)]),
+            (4 << 20, 1 << 20, [bench.Result(2e-3, 0), bench.Result(8e-3, 3)])]
+    report.nccl_lines(rows)
+    out = capsys.readouterr().out.splitlines()
+    busbw = ((1 << 20) / 1e-3 + (4 << 20) / 2e-3) / 2 / 1e9  # world 2: factor 1
+    assert out[0] == "# Out of bounds values : 0 OK", out
+    assert out[1] == f"# Avg bus bandwidth    : {busbw:.4f} ", out
+    assert out[2].startswith("# gloo: out of bounds values 3 FAILED; avg bus bandwidth "), out
