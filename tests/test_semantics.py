@@ -498,7 +498,7 @@ def _bad_calls():
     """name -> (callable issuing the op, tensors it must leave alone, words of which the
     message must name at least one, whether gloo rejects it at the call too).
 
-    gloo accepts sparse tensors and tensor lists, and refuses complex MIN/MAX/BAND and
+    gloo accepts tensor lists, and refuses complex MIN/MAX/BAND and
     bool AVG only after it has communicated."""
     import torch
     import torch.distributed as dist
@@ -529,7 +529,7 @@ def _bad_calls():
         "AVG-on-bool": (public(b, R.AVG), [b], ["avg", "bool"], False),
         "PREMUL_SUM-on-int64": (public(i64, dist._make_nccl_premul_sum(2.0)), [i64],
                                 ["premul", "int64", "long", "integer"], True),
-        "sparse-tensor": (public(sp, R.SUM), [], ["sparse"], False),
+        "sparse-MAX": (public(sp, R.MAX), [], ["sparse"], False),  # sparse: SUM only, as gloo
         "two-tensors": (internal(two, R.SUM), two, ["tensor"], False),
     }
 
