@@ -17,17 +17,20 @@ MsgHeader window_fp(const OpContext& ctx, OpKind kind, size_t count, DType t, Re
   h.bytes = static_cast<uint64_t>(a);
   h.kind = static_cast<uint32_t>(kind);
   h.dtype = static_cast<uint8_t>(t);
-  h.redop = static_cast<uint8_t>(static_cast<uint8_t>(op) | (divisor != 1 ? 0x80 : 0));
+  h.redop = Ring::redop_code(op, divisor);
   h.root = static_cast<int16_t>(root);
   return h;
 }
 
 }  // namespace
 
-Collectives::Collectives(Ring& ring, PeerWindow* window, const Selector& selector)
-    : ring_(ring), w_(window), sel_(selector), rank_(ring.rank()), size_(ring.size()) {}
+Collectives::Collectives(Ring& ring, PeerWindow* window, const Selector& selector,
+                         std::unique_ptr<Hierarchical> hierarchical)
+    : ring_(ring), w_(window), hier_(std::move(hierarchical)), sel_(selector), rank_(ring.rank()),
+      size_(ring.size()) {}
 
 Algo Collectives::algorithm(OpKind kind, size_t bytes) const {
+  if (hier_ && kind == OpKind::Allreduce) return sel_.allreduce(bytes);
   if (w_ == nullptr || size_ == 1) return Algo::Ring;
   return kind == OpKind::Allreduce ? sel_.allreduce(bytes) : sel_.other(kind, bytes);
 }
@@ -36,6 +39,13 @@ void Collectives::allreduce(const void* in, void* out, size_t count, DType t, Re
                             int64_t divisor, const OpContext& ctx, const Deadline& dl) {
   const Algo a = algorithm(OpKind::Allreduce, count * dtype_size(t));
   if (a == Algo::Ring) return ring_.allreduce(in, out, count, t, op, divisor, ctx, dl);
+  if (a == Algo::Hierarchical) {
+    // The ring's fingerprint, with the algorithm in the root field (an all-reduce has no root):
+    // ranks that chose differently fail as a desync.
+    MsgHeader fp = ring_.fingerprint(ctx, OpKind::Allreduce, count, t, Ring::redop_code(op, divisor), -1);
+    fp.root = static_cast<int16_t>(-1 - static_cast<int>(Algo::Hierarchical));
+    return hier_->allreduce(in, out, count, t, op, divisor, fp, ctx, dl);
+  }
   const MsgHeader fp = window_fp(ctx, OpKind::Allreduce, count, t, op, divisor, -1, a);
   const oneshot::Call c{*w_, rank_, size_, fp, ctx, dl};
   if (a == Algo::TwoShot) return twoshot::allreduce(c, in, out, count, t, op, divisor);

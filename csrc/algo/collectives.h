@@ -2,13 +2,16 @@
 //
 // Each call asks the Selector (algo/select.h) which algorithm serves it and runs that one: the
 // ring and its relatives over messages (ring/ring.h), or the one-shot and two-shot forms over the
-// shared window (algo/oneshot.h, algo/twoshot.h). The methods have the contracts of Ring's.
+// shared window (algo/oneshot.h, algo/twoshot.h), or across hosts the hierarchical all-reduce
+// (algo/hierarchical.h). The methods have the contracts of Ring's.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "algo/hierarchical.h"
 #include "algo/select.h"
 #include "ring/ring.h"
 
@@ -16,8 +19,10 @@ namespace ringreduce {
 
 class Collectives {
  public:
-  // `ring` and `window` (null: messages only) outlive this.
-  Collectives(Ring& ring, PeerWindow* window, const Selector& selector);
+  // `ring` and `window` (null: messages only) outlive this. `hierarchical`: the all-reduce of a
+  // group across hosts, where its layout allows one (Selector::hierarchical), else null.
+  Collectives(Ring& ring, PeerWindow* window, const Selector& selector,
+              std::unique_ptr<Hierarchical> hierarchical = nullptr);
 
   void allreduce(const void* in, void* out, size_t count, DType t, RedOp op, int64_t divisor,
                  const OpContext& ctx, const Deadline& dl);
@@ -54,6 +59,7 @@ class Collectives {
  private:
   Ring& ring_;
   PeerWindow* w_;
+  std::unique_ptr<Hierarchical> hier_;
   Selector sel_;
   int rank_;
   int size_;

@@ -42,30 +42,44 @@ const char* algo_name(Algo a) {
     case Algo::Ring: return "ring";
     case Algo::OneShot: return "oneshot";
     case Algo::TwoShot: return "twoshot";
+    case Algo::Hierarchical: return "hierarchical";
   }
   return "unknown";
 }
 
 Algo parse_algo(const std::string& text, const char* what) {
-  for (Algo a : {Algo::Auto, Algo::Ring, Algo::OneShot, Algo::TwoShot}) {
+  for (Algo a : {Algo::Auto, Algo::Ring, Algo::OneShot, Algo::TwoShot, Algo::Hierarchical}) {
     if (text == algo_name(a)) return a;
   }
   throw Error(detail::cat("ringreduce: ", what, "=", text, " is not an algorithm (use auto, ring, ",
-                          "oneshot or twoshot)"));
+                          "oneshot, twoshot or hierarchical)"));
 }
 
-Selector::Selector(int world, size_t window_bytes, Algo forced)
-    : world_(world), window_(world > 1 ? window_bytes : 0), forced_(forced) {
+Selector::Selector(int world, size_t window_bytes, Algo forced, int hosts, int per_host)
+    : world_(world), window_(world > 1 && hosts <= 1 ? window_bytes : 0), forced_(forced),
+      hosts_(hosts), per_host_(per_host) {
   const Crossover& c = row_for(world);
   oneshot_max_ = std::min(c.oneshot_max, window_);
   twoshot_max_ = std::min(c.twoshot_max, window_);
   other_max_ = std::min(c.other_max, window_);
 }
 
+Selector Selector::forcing(Algo forced) const {
+  Selector s = *this;
+  s.forced_ = forced;
+  return s;
+}
+
 Algo Selector::allreduce(size_t bytes) const {
+  // Across hosts the hierarchical form serves every size: it crosses the network in 2(h-1)
+  // hand-offs of 1/per_host of the message each, where the flat ring takes 2(n-1) hand-offs,
+  // each as slow as its slowest (network) hop, and carries 2(n-1)/n of the message over each
+  // host's link (docs/hosts.md has the model and the measurements).
+  if (hierarchical()) return forced_ == Algo::Auto || forced_ == Algo::Hierarchical ? Algo::Hierarchical : Algo::Ring;
   if (window_ == 0 || bytes > window_) return Algo::Ring;
   switch (forced_) {
     case Algo::Auto: break;
+    case Algo::Hierarchical: return Algo::Ring;  // one host: nothing to be hierarchical about
     default: return forced_;
   }
   if (bytes <= oneshot_max_) return Algo::OneShot;
@@ -75,7 +89,7 @@ Algo Selector::allreduce(size_t bytes) const {
 
 Algo Selector::other(OpKind kind, size_t bytes) const {
   if (window_ == 0 || bytes > window_) return Algo::Ring;
-  if (forced_ == Algo::Ring) return Algo::Ring;
+  if (forced_ == Algo::Ring || forced_ == Algo::Hierarchical) return Algo::Ring;
   if (forced_ != Algo::Auto) return Algo::OneShot;
   // A barrier carries nothing: one exchange through the window is all it is.
   if (kind == OpKind::Barrier) return Algo::OneShot;
@@ -83,6 +97,11 @@ Algo Selector::other(OpKind kind, size_t bytes) const {
 }
 
 std::string Selector::describe() const {
+  if (hierarchical()) {
+    const bool ring = forced_ != Algo::Auto && forced_ != Algo::Hierarchical;
+    return detail::cat(ring ? "ring forced" : "hierarchical all-reduce", " (", hosts_, " hosts x ",
+                       per_host_, " ranks); ring for the other collectives");
+  }
   if (window_ == 0) return world_ > 1 ? "ring (no shared window)" : "local copy (one rank)";
   if (forced_ != Algo::Auto) {
     return detail::cat(algo_name(forced_), " forced (up to ", window_, " bytes, the ring above)");

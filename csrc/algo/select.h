@@ -21,17 +21,22 @@ enum class Algo : uint8_t {
   Ring = 1,     // messages around the ring (and the chain, star and pairwise forms: ring/)
   OneShot = 2,  // every rank reads every input from the shared window (algo/oneshot.h)
   TwoShot = 3,  // reduce-scatter, then all-gather, by direct reads of the window (algo/twoshot.h)
+  Hierarchical = 4,  // rings inside each host and between hosts (algo/hierarchical.h)
 };
 
 const char* algo_name(Algo a);
-// "auto", "ring", "oneshot", "twoshot"; throws ringreduce::Error naming `what` otherwise.
+// "auto", "ring", "oneshot", "twoshot", "hierarchical"; throws ringreduce::Error naming `what` otherwise.
 Algo parse_algo(const std::string& text, const char* what);
 
 class Selector {
  public:
   // `window_bytes`: the shared window's buffer size, 0 when the group has none (TCP, CUDA, a
   // group that spans hosts). `forced`: Auto, or the algorithm every call that can use it takes.
-  Selector(int world, size_t window_bytes, Algo forced);
+  // `hosts` x `per_host`: the group's layout when it spans hosts with as many ranks on each
+  // (per_host 0 otherwise), for the hierarchical all-reduce.
+  Selector(int world, size_t window_bytes, Algo forced, int hosts = 1, int per_host = 0);
+  // The same group with another algorithm forced (RingBackend::set_algorithm).
+  Selector forcing(Algo forced) const;
 
   // The algorithm for an all-reduce of `bytes` per rank.
   Algo allreduce(size_t bytes) const;
@@ -41,6 +46,9 @@ class Selector {
   Algo other(OpKind kind, size_t bytes) const;
 
   Algo forced() const { return forced_; }
+  // Whether the group's layout allows the hierarchical all-reduce: at least two hosts, with as
+  // many ranks (at least two) on each.
+  bool hierarchical() const { return hosts_ > 1 && per_host_ > 1; }
   // The all-reduce crossovers in force, for the INFO line and the docs: "oneshot<=32768
   // twoshot<=1048576 ring above" or "ring (no shared window)".
   std::string describe() const;
@@ -49,6 +57,8 @@ class Selector {
   int world_;
   size_t window_;
   Algo forced_;
+  int hosts_;
+  int per_host_;
   size_t oneshot_max_;  // largest all-reduce (bytes per rank) taken one-shot
   size_t twoshot_max_;  // largest taken two-shot
   size_t other_max_;    // largest other collective taken through the window

@@ -116,6 +116,11 @@ Config Config::from_env(int local_ranks) {
              " must be a multiple of 64 up to 256M (0 turns the one-shot and two-shot algorithms off)");
     c.window_bytes = b;
   }
+  if (const char* v = std::getenv("RINGREDUCE_FAKE_HOSTS")) {
+    const uint64_t h = parse_uint("RINGREDUCE_FAKE_HOSTS", v);
+    RR_CHECK(h <= 65536, "ringreduce: RINGREDUCE_FAKE_HOSTS=", v, " must be at most 65536");
+    c.fake_hosts = static_cast<int>(h);
+  }
   if (const char* v = std::getenv("RINGREDUCE_YIELD_US")) {
     const uint64_t us = parse_uint("RINGREDUCE_YIELD_US", v);
     RR_CHECK(us <= 1000000, "ringreduce: RINGREDUCE_YIELD_US=", v, " must be at most 1000000");
@@ -133,7 +138,8 @@ Config Config::agree(Bootstrap& bs, const std::string& prefix, int rank, int loc
     s << mine.slice_bytes << ' ' << mine.slots << ' ' << mine.spin.count() << ' '
       << transport_mode_name(mine.transport) << ' ' << mine.tcp_sockets << ' '
       << (mine.check_fingerprints ? 1 : 0) << ' ' << mine.cuda_slice_bytes << ' ' << mine.cuda_transport
-      << ' ' << mine.yield.count() << ' ' << algo_name(mine.algo) << ' ' << mine.window_bytes;
+      << ' ' << mine.yield.count() << ' ' << algo_name(mine.algo) << ' ' << mine.window_bytes << ' '
+      << mine.fake_hosts;
     text = s.str();
     bs.set(key, text);
   } else {
@@ -144,7 +150,7 @@ Config Config::agree(Bootstrap& bs, const std::string& prefix, int rank, int loc
   long long spin_us = 0, yield_us = 0;
   std::string mode, algo;
   int check = 1;
-  in >> c.slice_bytes >> c.slots >> spin_us >> mode >> c.tcp_sockets >> check >> c.cuda_slice_bytes >> c.cuda_transport >> yield_us >> algo >> c.window_bytes;
+  in >> c.slice_bytes >> c.slots >> spin_us >> mode >> c.tcp_sockets >> check >> c.cuda_slice_bytes >> c.cuda_transport >> yield_us >> algo >> c.window_bytes >> c.fake_hosts;
   c.check_fingerprints = check != 0;
   if (!in.fail()) c.transport = parse_transport_mode(mode);
   RR_CHECK(!in.fail(), "ringreduce: rank ", rank, " read a malformed config from the store: '", text, "'");
@@ -160,7 +166,7 @@ std::string Config::to_string() const {
     << " transport=" << transport_mode_name(transport) << " tcp_sockets=" << tcp_sockets
     << " check_fingerprints=" << (check_fingerprints ? 1 : 0) << " cuda_slice_bytes=" << cuda_slice_bytes
     << " cuda_transport=" << cuda_transport << " algo=" << algo_name(algo)
-    << " window_bytes=" << window_bytes;
+    << " window_bytes=" << window_bytes << " fake_hosts=" << fake_hosts;
   return s.str();
 }
 

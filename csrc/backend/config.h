@@ -45,6 +45,10 @@ struct Config {
   // open every other's device memory, else staged through host memory, said once), "ipc" (fail
   // when it cannot be used) or "staged".
   std::string cuda_transport = "auto";
+  // Ranks cut into this many "hosts" of consecutive ranks, which talk over TCP as if on other
+  // machines (RINGREDUCE_FAKE_HOSTS, 0: the hosts the probe finds): runs the multi-host
+  // algorithms on one machine, for tests and the benchmark.
+  int fake_hosts = 0;
 
   // Defaults (the spin one for `local_ranks` ranks on this host) overridden by
   // RINGREDUCE_SLICE_BYTES, RINGREDUCE_SLOTS, RINGREDUCE_SPIN_US, RINGREDUCE_YIELD_US, RINGREDUCE_ALGO, RINGREDUCE_WINDOW_BYTES, RINGREDUCE_TRANSPORT,

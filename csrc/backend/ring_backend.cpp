@@ -191,11 +191,19 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
       const char* ifname = std::getenv("RINGREDUCE_SOCKET_IFNAME");
       return choose_listen_address(ifname ? ifname : "", store_host(store));
     };
+    if (config_.fake_hosts > 0) lo.given_hosts = HostLayout::split(size, config_.fake_hosts);
     links_ = std::make_unique<Links>(bs, prefix, rank, size, lo);
     ring_ = std::make_unique<Ring>(links_->transport(), config_.slice_bytes);
     ring_->set_check_fingerprints(config_.check_fingerprints);
-    const Selector selector(size, config_.window_bytes, config_.algo);
-    algo_ = std::make_unique<Collectives>(*ring_, links_->transport().window(), selector);
+    const HostLayout& hosts = links_->hosts();
+    const Selector selector(size, config_.window_bytes, config_.algo, hosts.hosts(), hosts.per_host());
+    std::unique_ptr<Hierarchical> hierarchical;
+    if (selector.hierarchical()) {
+      hierarchical = std::make_unique<Hierarchical>(links_->transport(), hosts, config_.slice_bytes,
+                                                    config_.check_fingerprints);
+    }
+    algo_ = std::make_unique<Collectives>(*ring_, links_->transport().window(), selector,
+                                          std::move(hierarchical));
 #ifdef RINGREDUCE_WITH_CUDA
     // Nothing is set up on a device until the group's first CUDA op.
     cuda_ = std::make_unique<CudaSide>(store, prefix, rank, size, config_, links_->transport());
@@ -252,7 +260,7 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                              prefix, " (flight uid ", meta.group_uid, "); peers over shm: ",
                              shm.empty() ? "none" : shm, "; over tcp: ", tcp.empty() ? "none" : tcp,
                              tcp.empty() ? "" : detail::cat(" (listening on ", links_->tcp_address(), ")"),
-                             "; algorithms: ", selector.describe(), "; ", config_.to_string()));
+                             "; ", links_->hosts().describe(), "; algorithms: ", selector.describe(), "; ", config_.to_string()));
     }
   } catch (const c10::Error& e) {
     bs.fail(detail::cat("rank ", rank, " failed: ", e.what_without_backtrace()));
@@ -377,7 +385,7 @@ void RingBackend::set_algorithm(const std::string& name) {
     fail(detail::cat("ringreduce set_algorithm: rank ", rank_, ": ops are in flight; call it ",
                      "between ops, on every rank of the group"));
   }
-  algo_->set_selector(Selector(size_, config_.window_bytes, a));
+  algo_->set_selector(algo_->selector().forcing(a));
 }
 
 std::chrono::milliseconds RingBackend::current_timeout() {

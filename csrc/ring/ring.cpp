@@ -58,16 +58,18 @@ const void* Ring::recv_checked(int peer, const MsgHeader& expect, size_t bytes,
   // The size is checked whatever check_fingerprints_ says: it bounds what the ring reads.
   const bool agree = !check_fingerprints_ || same_op(got, expect);
   if (!agree || got.bytes != bytes) {
+    const int me = t_.group_rank(rank_);
     // A group aborted meanwhile (this rank's peer gave up on an earlier op whose messages are
     // still queued here): that is the cause to report, not the stale message.
     const std::string aborted = t_.abort_reason();
     if (!aborted.empty()) {
-      throw AbortedError(detail::cat("ringreduce ", ctx.name, " #", ctx.seq, ": rank ", rank_,
+      throw AbortedError(detail::cat("ringreduce ", ctx.name, " #", ctx.seq, ": rank ", me,
                                      ": the group was aborted: ", aborted));
     }
+    const int them = t_.group_rank(peer);
     const std::string msg = detail::cat(
-        "ringreduce ", ctx.name, " #", ctx.seq, ": rank ", rank_, " and rank ", peer,
-        " called different collectives: rank ", peer, " sent ", describe_op(got), ", rank ", rank_,
+        "ringreduce ", ctx.name, " #", ctx.seq, ": rank ", me, " and rank ", them,
+        " called different collectives: rank ", them, " sent ", describe_op(got), ", rank ", me,
         " is in ", describe_op(expect),
         agree ? detail::cat(" (message of ", got.bytes, " bytes where ", bytes, " were expected)")
                 : std::string());
@@ -164,6 +166,12 @@ void Ring::all_gather_slice(const Plan& p, size_t j, const Chunks& out, const Ms
 
 void Ring::allreduce(const void* in_ptr, void* out_ptr, size_t count, DType t, RedOp op,
                      int64_t divisor, const OpContext& ctx, const Deadline& dl) {
+  allreduce(in_ptr, out_ptr, count, t, op, divisor,
+            fingerprint(ctx, OpKind::Allreduce, count, t, redop_code(op, divisor), -1), ctx, dl);
+}
+
+void Ring::allreduce(const void* in_ptr, void* out_ptr, size_t count, DType t, RedOp op,
+                     int64_t divisor, const MsgHeader& fp, const OpContext& ctx, const Deadline& dl) {
   const int n = size_;
   const size_t es = dtype_size(t);
   if (n == 1) {
@@ -173,8 +181,6 @@ void Ring::allreduce(const void* in_ptr, void* out_ptr, size_t count, DType t, R
   }
   const Plan p = plan(count, ceil_div(count, static_cast<size_t>(n)), t);
   const Chunks in(in_ptr, p.chunk * es), out(out_ptr, p.chunk * es);
-  const MsgHeader fp = fingerprint(ctx, OpKind::Allreduce, count, t,
-                                   static_cast<uint8_t>(op) | (divisor != 1 ? 0x80 : 0), -1);
   const int next = (rank_ + 1) % n;
   // From the predecessor come, per slice, n-1 reduce-scatter messages (reduced out of their slot)
   // and then n-1 all-gather ones, which may land straight in `out`.
@@ -202,6 +208,53 @@ void Ring::allreduce(const void* in_ptr, void* out_ptr, size_t count, DType t, R
   }
 }
 
+void Ring::reduce_scatter_part(const void* in_ptr, void* out_ptr, size_t count, DType t, RedOp op,
+                               int64_t divisor, const MsgHeader& fp, const OpContext& ctx,
+                               const Deadline& dl) {
+  const size_t es = dtype_size(t);
+  if (size_ == 1) {
+    if (in_ptr != out_ptr && count > 0) k_.copy(out_ptr, in_ptr, count * es, false);
+    if (divisor != 1 && count > 0) k_.divide(out_ptr, out_ptr, count, t, divisor);
+    return;
+  }
+  const Plan p = plan(count, ceil_div(count, static_cast<size_t>(size_)), t);
+  const Chunks in(in_ptr, p.chunk * es), out(out_ptr, p.chunk * es);
+  for (size_t j = 0; j < p.nslices; ++j) {
+    // The chunk this rank finishes is read from `in` only here, at the last step, so `out` may
+    // be `in`.
+    reduce_scatter_slice(p, j, in, t, op, fp, ctx, dl,
+                         [&](const Span& sp, const void* partial, const uint8_t* mine) {
+                           if (!sp.len) return;
+                           uint8_t* dst = out.at(rank_) + sp.offset * es;
+                           k_.reduce(dst, partial, mine, sp.len, t, op);
+                           if (divisor != 1) k_.divide(dst, dst, sp.len, t, divisor);
+                         });
+  }
+}
+
+void Ring::all_gather_part(void* buf, size_t count, DType t, const MsgHeader& fp,
+                           const OpContext& ctx, const Deadline& dl) {
+  const int n = size_;
+  if (n == 1) return;
+  const size_t es = dtype_size(t);
+  const Plan p = plan(count, ceil_div(count, static_cast<size_t>(n)), t);
+  const Chunks out(buf, p.chunk * es);
+  const int next = (rank_ + 1) % n;
+  const uint64_t per_slice = static_cast<uint64_t>(n - 1);
+  Landing landing(t_, (rank_ + n - 1) % n, [&](uint64_t i, const MsgHeader& got) -> void* {
+    const size_t j = i / per_slice;
+    if (j >= p.nslices) return nullptr;
+    return landing_spot(p, j, static_cast<int>(i % per_slice) + 1, out, fp, got);
+  });
+  for (size_t j = 0; j < p.nslices; ++j) {
+    const Span sp = span(p, rank_, j);
+    void* dst = t_.send_begin(next, ctx, dl);
+    if (sp.len) k_.copy(dst, out.at(rank_) + sp.offset * es, sp.len * es, false);
+    send_done(next, fp, sp.len * es);
+    all_gather_slice(p, j, out, fp, ctx, dl);
+  }
+}
+
 void Ring::reduce_scatter(const Chunks& in, void* out_ptr, size_t count, DType t, RedOp op,
                           int64_t divisor, const OpContext& ctx, const Deadline& dl) {
   const int n = size_;
@@ -213,8 +266,7 @@ void Ring::reduce_scatter(const Chunks& in, void* out_ptr, size_t count, DType t
     return;
   }
   const Plan p = plan(count * static_cast<size_t>(n), count, t);
-  const MsgHeader fp = fingerprint(ctx, OpKind::ReduceScatter, count, t,
-                                   static_cast<uint8_t>(op) | (divisor != 1 ? 0x80 : 0), -1);
+  const MsgHeader fp = fingerprint(ctx, OpKind::ReduceScatter, count, t, redop_code(op, divisor), -1);
   for (size_t j = 0; j < p.nslices; ++j) {
     reduce_scatter_slice(p, j, in, t, op, fp, ctx, dl,
                          [&](const Span& sp, const void* partial, const uint8_t* mine) {
@@ -272,8 +324,7 @@ void Ring::reduce(const void* in_ptr, void* out_ptr, size_t count, DType t, RedO
   }
   const Plan p = plan(count, ceil_div(count, static_cast<size_t>(n)), t);
   const Chunks in(in_ptr, p.chunk * es), out(out_ptr, p.chunk * es);
-  const MsgHeader fp = fingerprint(ctx, OpKind::Reduce, count, t,
-                                   static_cast<uint8_t>(op) | (divisor != 1 ? 0x80 : 0), root);
+  const MsgHeader fp = fingerprint(ctx, OpKind::Reduce, count, t, redop_code(op, divisor), root);
   for (size_t j = 0; j < p.nslices; ++j) {
     // Rank r finishes chunk r and sends it straight to the root: n-1 messages into the root
     // instead of an all-gather around the ring.

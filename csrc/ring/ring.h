@@ -101,10 +101,32 @@ class Ring {
   int rank() const { return rank_; }
   int size() const { return size_; }
 
- private:
-  // The header every message of the current op carries; `bytes` is filled in per message.
+  // For algorithms that compose rings (algo/hierarchical.h), whose messages all carry the
+  // fingerprint `fp` of the op the caller is in, so that a desync names that op:
+  //
+  // The all-reduce above.
+  void allreduce(const void* in, void* out, size_t count, DType t, RedOp op, int64_t divisor,
+                 const MsgHeader& fp, const OpContext& ctx, const Deadline& dl);
+  // Its first half: of `out` cut as the all-reduce cuts `count` elements (n chunks of
+  // ceil(count/n), the last ones shorter or empty), this rank's chunk rank() = that chunk of the
+  // reduction of every rank's `in` (divided by `divisor` when it is not 1); the other chunks are
+  // left as they are. `in` may equal `out`.
+  void reduce_scatter_part(const void* in, void* out, size_t count, DType t, RedOp op,
+                           int64_t divisor, const MsgHeader& fp, const OpContext& ctx,
+                           const Deadline& dl);
+  // Its second half: every rank's chunk rank() of `buf` (cut the same way) is copied into the
+  // same place of `buf` on every other rank.
+  void all_gather_part(void* buf, size_t count, DType t, const MsgHeader& fp, const OpContext& ctx,
+                       const Deadline& dl);
+  // The header every message of an op carries; `bytes` is filled in per message.
   MsgHeader fingerprint(const OpContext& ctx, OpKind kind, size_t count, DType t, uint8_t redop,
                         int root) const;
+  // The fingerprint's `redop`: the op, with the top bit set when the result is divided (AVG).
+  static uint8_t redop_code(RedOp op, int64_t divisor) {
+    return static_cast<uint8_t>(static_cast<uint8_t>(op) | (divisor != 1 ? 0x80 : 0));
+  }
+
+ private:
   // Receive from `peer` and check that the message belongs to the op described by `expect` and
   // carries `bytes` bytes. On a mismatch the group is aborted and the error says how the two ranks
   // disagree.

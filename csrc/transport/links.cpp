@@ -34,6 +34,12 @@ Links::Links(Bootstrap& bs, const std::string& prefix, int rank, int size, const
   } else if (opts.mode == TransportMode::Shm) {
     shm_ = std::make_unique<ShmTransport>(bs, prefix, rank, size, opts.shm);
     for (int p = 0; p < size; ++p) local_[p] = p != rank;
+  } else if (opts.mode == TransportMode::Auto && opts.given_hosts.hosts() > 1) {
+    for (int p = 0; p < size; ++p) {
+      local_[p] = p != rank && opts.given_hosts.host_of(p) == opts.given_hosts.host_of(rank);
+    }
+    shm_ = std::make_unique<ShmTransport>(bs, prefix, rank, size, opts.shm,
+                                          ShmTransport::Reach::Require, local_);
   } else if (opts.mode == TransportMode::Auto) {
     shm_ = std::make_unique<ShmTransport>(bs, prefix, rank, size, opts.shm,
                                           ShmTransport::Reach::Probe);
@@ -50,6 +56,11 @@ Links::Links(Bootstrap& bs, const std::string& prefix, int rank, int size, const
     any = any || remote[p];
   }
   if (!any) return;  // every peer on this host: shared memory alone, as the ring's only transport
+  if (local == nullptr) {
+    hosts_ = opts.mode == TransportMode::Auto && opts.given_hosts.hosts() > 1
+                 ? opts.given_hosts
+                 : HostLayout::agree(bs, prefix, rank, size, local_);
+  }
   TcpConfig tc = opts.tcp;
   if (opts.listen_address) tc.listen_address = opts.listen_address();
   tcp_ = std::make_unique<TcpTransport>(bs, prefix, rank, size, tc, remote,

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "transport/hosts.h"
 #include "transport/routed.h"
 #include "transport/shm/shm_transport.h"
 #include "transport/tcp/tcp_transport.h"
@@ -26,6 +27,9 @@ struct LinkOptions {
   ShmConfig shm;
   TcpConfig tcp;  // its listen_address is filled from listen_address() when TCP is needed
   std::function<std::string()> listen_address;
+  // Hosts given instead of probed (RINGREDUCE_FAKE_HOSTS, with mode Auto): peers on this rank's
+  // host are reached through shared memory, the others over TCP, as if on other machines.
+  HostLayout given_hosts;
 };
 
 class Links {
@@ -43,10 +47,14 @@ class Links {
   // "ip:port" this rank listens on for TCP peers, "" without any.
   std::string tcp_address() const { return tcp_ ? tcp_->address() : std::string(); }
   const TcpTransport* tcp() const { return tcp_.get(); }
+  // Which host each rank is on (HostLayout::agree over the routes, or the given hosts); one host
+  // for links built from another's routes.
+  const HostLayout& hosts() const { return hosts_; }
 
  private:
   int rank_;
   std::vector<uint8_t> local_;
+  HostLayout hosts_;
   std::unique_ptr<ShmTransport> shm_;
   std::unique_ptr<TcpTransport> tcp_;  // after shm_: its hooks point at it
   std::unique_ptr<RoutedTransport> routed_;

@@ -104,6 +104,9 @@ class Transport {
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
+  // The rank of the whole group that `rank` of this transport is, for messages: itself, except in
+  // a view of some of the group's ranks (transport/sub_transport.h).
+  virtual int group_rank(int rank) const { return rank; }
   // Largest payload one message can carry (the slot size).
   virtual size_t max_payload() const = 0;
 
