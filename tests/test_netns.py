@@ -5,7 +5,8 @@ and every byte between them crosses TCP on the namespaces' own addresses.
 In each namespace ``torchrun --nnodes 2 --nproc-per-node 2`` (c10d rendezvous on host A's
 veth address) starts two ranks of one 4-rank job. Every rank checks that the backend reaches
 exactly the two ranks of the other host over TCP, listening on its own host's veth address;
-compares all_reduce (float32/float64/int64, SUM/MAX, 0/1/1000003 elements) with gloo and with
+checks that every all-reduce takes the hierarchical form, which sends at most ~1x the message out
+of each host's veth, and that forcing the flat ring gives the same sums; compares all_reduce (float32/float64/int64, SUM/MAX, 0/1/1000003 elements) with gloo and with
 an exact or float64 reference, and checks the ringreduce results are bit-identical on every
 rank; checks broadcast and all_gather; and trains a small MLP with torch's DDP on the
 ringreduce group and on a gloo group (and with ringreduce.DistributedDataParallel) from the
@@ -186,6 +187,29 @@ WORKER = textwrap.dedent(
         sent = tx_bytes() - before
         check(sent >= t.numel() * 4 // 2,
               f"{VETH} sent {sent} bytes during an all_reduce of {t.numel() * 4} bytes: the ring does not cross it")
+        if not FORCED_TCP:
+            # The hierarchical all-reduce sends (h-1)/h x 2 of the message out of each host (1.0x
+            # for 2 hosts), the flat ring 2(n-1)/n of it (1.5x for 4 ranks): headers stay under 15%.
+            check(sent <= t.numel() * 4 * 1.15,
+                  f"{VETH} sent {sent} bytes during a hierarchical all_reduce of {t.numel() * 4} bytes "
+                  f"(at most 1.15x expected)")
+
+
+    def check_hierarchical(world, be):
+        """Across two hosts of two ranks, every all-reduce takes the hierarchical form (the flat
+        ring when TCP is forced: then every rank is a host of its own); forced back to the flat
+        ring, it gives the same sums."""
+        want = "ring" if FORCED_TCP else "hierarchical"
+        for n in (0, 1024, 1 << 26):
+            got = be.algorithm("allreduce", n)
+            check(got == want, f"an all-reduce of {n} bytes takes {got!r}, expected {want!r} ({be.algorithms})")
+        x = data(rank, torch.float64, 300007)
+        ref = torch.stack([data(r, torch.float64, 300007) for r in range(world)]).sum(0)
+        for algo in ("ring", "auto"):
+            be.set_algorithm(algo)
+            y = x.clone()
+            dist.all_reduce(y)
+            check(torch.allclose(y, ref, rtol=1e-12, atol=1e-12), f"all_reduce with {algo}: differs from the float64 reference")
 
 
     def main():
@@ -210,6 +234,7 @@ WORKER = textwrap.dedent(
         check(be.transport == want_transport, f"transport = {be.transport!r}, expected {want_transport!r}")
 
         check_wire(gloo)
+        check_hierarchical(world, be)
         digests = []
         check_allreduce(world, gloo, digests)
         check_broadcast_allgather(world, gloo)

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/failpoint.h"
 #include "ring/slicing.h"
 
 namespace ringreduce {
@@ -48,8 +49,12 @@ void Hierarchical::allreduce(const void* in, void* out, size_t count, DType t, R
   const size_t begin = std::min(count, static_cast<size_t>(host_.rank()) * chunk);
   const size_t len = std::min(count - begin, chunk);
   auto* mine = static_cast<uint8_t*>(out) + begin * dtype_size(t);
+  const int rank = host_t_.group_rank(host_.rank());
+  failpoint("hierarchical.host_reduce_scatter", rank);
   host_.reduce_scatter_part(in, out, count, t, op, 1, fp, ctx, dl);
+  failpoint("hierarchical.cross_allreduce", rank);
   cross_.allreduce(mine, mine, len, t, op, divisor, fp, ctx, dl);
+  failpoint("hierarchical.host_all_gather", rank);
   host_.all_gather_part(out, count, t, fp, ctx, dl);
 }
 
