@@ -125,7 +125,7 @@ def test_the_benchmark_report_from_saved_measurements(tmp_path):
             "config": {"transport": "auto", "tcp_sockets": 2, "slice_bytes": 131072, "slots": 4},
             "torch": "synthetic"}
     saved = tmp_path / "run.json"
-    saved.write_text(json.dumps({"link": {"bandwidth": 1.25e9, "latency": 3e-5, "bytes": 1 << 26, "reps": 5,
+    saved.write_text(json.dumps({"link": {"bandwidth": 1.25e9, "streamed": 1e9, "latency": 3e-5, "bytes": 1 << 26, "reps": 5,
                                           "runs": [1.2e9, 1.25e9]}, "results": results}))
     fit = tmp_path / "fit.json"
     out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "tcp_netns.py"), "--report", str(saved),
@@ -138,6 +138,8 @@ def test_the_benchmark_report_from_saved_measurements(tmp_path):
     assert m, text
     assert int(m.group(1)) == round((1 << 26) / t["ring"] / 1.25e9 * 100)
     assert int(m.group(2)) == round((1 << 26) / t["gloo"] / 1.25e9 * 100)
+    m = re.search(r"^# 64MiB 2x1: ringreduce busbw = (\d+)% of the link streamed \(gloo (\d+)%\)$", text, re.M)
+    assert m and int(m.group(1)) == round((1 << 26) / t["ring"] / 1e9 * 100), text
     t = results["2x2"]["rows"][-1]["time"]
     m = re.search(r"^# 64MiB 2x2: hierarchical = ([\d.]+)x flat ring$", text, re.M)
     assert m and float(m.group(1)) == pytest.approx(t["ring"] / t["hierarchical"], abs=0.006), text
