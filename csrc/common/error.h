@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <sstream>
 #include <stdexcept>
@@ -39,6 +40,20 @@ std::string cat(const Args&... args) {
   return s.str();
 }
 }  // namespace detail
+
+// The start of every message that blames an op: "ringreduce allreduce: rank 3: " for a call checked
+// before it has a sequence number, "ringreduce allreduce #17: rank 3: " once it has one. Users and
+// scripts grep for this shape, so it is built here and nowhere else.
+inline std::string op_prefix(const char* op, int rank) {
+  return detail::cat("ringreduce ", op, ": rank ", rank, ": ");
+}
+inline std::string op_prefix(const std::string& op, int rank) { return op_prefix(op.c_str(), rank); }
+inline std::string op_prefix(const char* op, uint64_t seq, int rank) {
+  return detail::cat("ringreduce ", op, " #", seq, ": rank ", rank, ": ");
+}
+inline std::string op_prefix(const std::string& op, uint64_t seq, int rank) {
+  return op_prefix(op.c_str(), seq, rank);
+}
 
 }  // namespace ringreduce
 
