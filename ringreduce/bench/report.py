@@ -1,0 +1,364 @@
+"""The output, on rank 0: the table as rows arrive, the summary lines, JSON and the plot."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import statistics
+import sys
+
+import torch
+
+from ringreduce import _launch
+
+from .collectives import PROG, Collective
+from .cuda import GPU_REPS, KERNEL_BYTES, Gpu
+from .floor import COPY_TRIALS, copy_bytes
+from .timing import SAFETY_ROUNDS, Result
+
+# The headline sizes of the CUDA summary (ranks sharing one GPU, world size 2): a large op against
+# the memory floor and gloo, and a small one's latency.
+HEADLINE_LARGE_BYTES = 256 << 20
+HEADLINE_SMALL_BYTES = 8 << 10
+
+
+def format_size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return f"{nbytes}B"
+
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "N/A" if value is None else format(value, spec)
+
+
+class Report:
+    """Prints the table as rows arrive, so a long run shows progress."""
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        world: int,
+        coll: Collective,
+        copy_bw: float,
+        unsupported: list,
+        gpu: Gpu | None,
+    ):
+        self.args, self.world, self.coll, self.copy_bw, self.unsupported, self.gpu = (
+            args,
+            world,
+            coll,
+            copy_bw,
+            unsupported,
+            gpu,
+        )
+        # The memory floor's byte model (bytes, world) -> bytes, or None and why there is none.
+        self.floor_bytes, self.no_floor = coll.floor_bytes, ""
+        if gpu is not None:
+            self.floor_bytes = coll.cuda_floor_bytes if gpu.shared else None
+            if coll.cuda_floor_bytes is None:
+                self.no_floor = f"no byte model of ringreduce's {coll.name} on CUDA"
+            elif not gpu.shared:
+                self.no_floor = (
+                    f"the ranks are on {min(world, gpu.visible)} GPUs and the model is of one GPU's memory; "
+                    "CUDA_VISIBLE_DEVICES=<one GPU> puts them all on one"
+                )
+        self.nccl: tuple | None = None  # nccl_floor's result, once measured
+        self.names = args.backends
+        self.groups = [("", [("size(B)", 12), ("count", 12), ("type", 8), ("redop", 6)])]
+        for i, name in enumerate(self.names):
+            cols = [("time(us)", 10), ("algbw(GB/s)", 11), ("busbw(GB/s)", 11), ("#wrong", 7)]
+            if i == 0:
+                cols += [("floor(us)", 10), ("%floor", 7)]
+            self.groups.append((name, cols))
+        if len(self.names) > 1:
+            self.groups.append(("", [("ratio", 8)]))
+        self.widths = [max(len(name), width) for _, cols in self.groups for name, width in cols]
+
+    def _line(self, prefix: str, cells: list[str]) -> str:
+        return prefix + " ".join(cell.rjust(w) for cell, w in zip(cells, self.widths, strict=True))
+
+    def _busbw(self, nbytes: int, time_s: float) -> float:
+        return nbytes / time_s / 1e9 * self.coll.busbw_factor(self.world)
+
+    def _floor_s(self, nbytes: int) -> float | None:
+        """The memory floor of one op of `nbytes`, in seconds; None where there is no model."""
+        return None if self.floor_bytes is None else self.floor_bytes(nbytes, self.world) / self.copy_bw
+
+    def _floor_lines(self, subject: str) -> list[str]:
+        a, n, bw = self.args, self.world, f"{self.copy_bw / 1e9:.2f} GB/s"
+        if self.gpu is None:
+            return [
+                f"Memory floor: {n} rank(s) each copying {format_size(copy_bytes(a.maxbytes))} at once move "
+                f"{bw} (reads + writes, all ranks together)",
+                f"  {subject}'s {a.op} of N bytes reads + writes {self.coll.floor_formula} bytes in all => "
+                f"floor(us) = {self.coll.floor_formula} / {bw}; %floor = floor / time({subject})",
+            ]
+        g = self.gpu
+        lines = [
+            f"Copy bandwidth: {bw} device to device (dst.copy_(src) of {format_size(g.copy_bytes)}, "
+            f"best of {COPY_TRIALS} runs of {GPU_REPS} copies timed with CUDA events; reads + writes)"
+        ]
+        if g.kernel_bw is None:
+            lines.append(f"Kernel: ringreduce's reduction kernel not measured ({g.kernel_note})")
+        else:
+            share = g.kernel_bw / g.copy_bw
+            kb = format_size(KERNEL_BYTES)
+            lines.append(
+                f"Kernel: ringreduce's reduction kernel (_C.reduce_tensors, float32 sum of two {kb} "
+                f"buffers into a third) moves {g.kernel_bw / 1e9:.2f} GB/s (3 x {kb} per call) = "
+                f"{share * 100:.1f}% of the copy bandwidth"
+            )
+        if self.floor_bytes is None:
+            lines.append(f"Memory floor: N/A ({self.no_floor})")
+        else:
+            # The model is linear in N: its bytes for N = 1 are the coefficient.
+            k = self.floor_bytes(1, n)
+            lines += [
+                f"Memory floor: {subject}'s {a.op} of N bytes moves {self.coll.cuda_floor_formula}/n bytes "
+                "per rank through the GPU's memory (reads + writes, the ring's slots included)",
+                f"  {n} rank(s) x {k}*N/{n} bytes each through one GPU's memory = {k}*N at {bw} => "
+                f"floor(us) = {k}*N / {bw}; %floor = floor / time({subject})",
+            ]
+        return lines
+
+    def header(self) -> None:
+        a, n = self.args, self.world
+        subject, baseline = self.names[0], self.names[1] if len(self.names) > 1 else None
+        launch = (
+            "launched by torchrun"
+            if _launch.launched_by_torchrun()
+            else f"spawned locally, {a.threads} intra-op thread(s) each"
+        )
+        lines = [
+            f"{PROG}: {a.op}, {a.dtype}, redop {a.redop}",
+            f"Command: {a.command}",
+            f"Date: {datetime.datetime.now().isoformat(sep=' ', timespec='seconds')}",
+            f"Host: {platform.node()}, {os.cpu_count()} CPUs, {platform.system()}-{platform.machine()}; "
+            f"torch {torch.__version__}; Python {platform.python_version()}",
+        ]
+        if self.gpu is not None:
+            g = self.gpu
+            lines.append(
+                f"Device: cuda:{g.index}, {g.name}; CUDA {torch.version.cuda}; {g.visible} GPU(s) visible, "
+                f"rank r on GPU r % {g.visible}" + (", so every rank shares this one" if g.shared else "")
+            )
+        sync = "; CUDA: torch.cuda.synchronize() before every clock reading" if self.gpu is not None else ""
+        lines += [
+            f"World: {n} rank(s), {launch}",
+            f"Timing: at each size, {a.warmup} untimed iterations, a barrier, then {a.iters} timed ones "
+            f"or as many more as last {a.min_time:g} s (the same count on every rank); "
+            f"time = max over ranks of the mean iteration time{sync}",
+            f"Backends: {', '.join(self.names)}, alternating at each size; "
+            "barriers and bookkeeping on a separate gloo group",
+            f"algbw = size / time, busbw = algbw * {self.coll.busbw_formula} "
+            f"({n} ranks: x{self.coll.busbw_factor(n):.3f}); GB = 1e9 bytes",
+            *self._floor_lines(subject),
+        ]
+        if baseline:
+            lines.append(f"ratio = busbw({subject}) / busbw({baseline}) = time({baseline}) / time({subject})")
+        lines += [
+            f"{name}: not measured ({reason})"
+            for name, reason in zip(self.names, self.unsupported, strict=True)
+            if reason
+        ]
+        if not a.check:
+            lines.append("#wrong: not checked (--no-check)")
+        for line in lines:
+            print(f"# {line}")
+        print("#")
+        group_widths, first = [], 0
+        for _, cols in self.groups:
+            group_widths.append(sum(self.widths[first : first + len(cols)]) + len(cols) - 1)
+            first += len(cols)
+        group_line = " ".join(name.center(w) for (name, _), w in zip(self.groups, group_widths, strict=True))
+        print(f"# {group_line.rstrip()}")
+        print(self._line("# ", [name for _, cols in self.groups for name, _ in cols]), flush=True)
+
+    def row(self, nbytes: int, count: int, results: list[Result]) -> None:
+        a = self.args
+        cells = [str(nbytes), str(count), a.dtype, a.redop]
+        for i, r in enumerate(results):
+            measured = r.time_s is not None
+            cells += [
+                _fmt(r.time_s * 1e6 if measured else None, ".1f"),
+                _fmt(nbytes / r.time_s / 1e9 if measured else None, ".2f"),
+                _fmt(self._busbw(nbytes, r.time_s) if measured else None, ".2f"),
+                "N/A" if r.wrong is None else str(r.wrong),
+            ]
+            if i == 0:
+                floor_s = self._floor_s(nbytes)
+                if floor_s is None:
+                    cells += ["N/A", "N/A"]
+                else:
+                    cells.append(f"{floor_s * 1e6:.1f}")
+                    cells.append(
+                        "-" if floor_s == 0 or r.time_s is None else f"{floor_s / r.time_s * 100:.1f}"
+                    )
+        if len(results) > 1:
+            cells.append(_fmt(self._ratio(results), ".2f"))
+        print(self._line("  ", cells), flush=True)
+
+    def records(self, rows: list) -> list[dict]:
+        """One dict per (size, backend): what the table shows, in plain units."""
+        out = []
+        for nbytes, count, results in rows:
+            for name, r in zip(self.names, results, strict=True):
+                measured = r.time_s is not None
+                out.append({
+                    "op": self.args.op, "backend": name, "device": self.args.device, "world": self.world,
+                    "bytes": nbytes, "count": count, "dtype": self.args.dtype, "redop": self.args.redop,
+                    "time_us": r.time_s * 1e6 if measured else None,
+                    "algbw_GBps": nbytes / r.time_s / 1e9 if measured else None,
+                    "busbw_GBps": self._busbw(nbytes, r.time_s) if measured else None,
+                    "wrong": r.wrong,
+                })
+        return out
+
+    def write_json(self, rows: list, path: str) -> None:
+        doc = {
+            "command": " ".join(shlex.quote(a) for a in sys.argv),
+            "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "host": {"cpus": os.cpu_count(), "torch": torch.__version__},
+            "copy_bandwidth_GBps": self.copy_bw / 1e9,
+            "device": {"type": "cpu"},
+            "rows": self.records(rows),
+        }
+        if self.gpu is not None:
+            g = self.gpu
+            doc["device"] = {"type": "cuda", "index": g.index, "name": g.name, "cuda": torch.version.cuda,
+                             "gpus_visible": g.visible, "ranks_share_it": g.shared}
+            doc["kernel_bandwidth_GBps"] = None if g.kernel_bw is None else g.kernel_bw / 1e9
+        if self.nccl is not None:
+            times, why = self.nccl
+            doc["nccl_floor"] = (
+                {"op": self.args.op, "world": 1, "rows": [{"bytes": n, "time_us": t * 1e6} for n, t in times]}
+                if times is not None
+                else {"not_measured": why}
+            )
+        with open(path, "w") as f:
+            json.dump(doc, f, indent=1)
+        print(f"# wrote {path}")
+
+    def plot(self, rows: list, path: str) -> None:
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError as e:
+            raise RuntimeError(f"{PROG}: --plot needs matplotlib ({e}): pip install matplotlib") from e
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        recs = self.records(rows)
+        for name in self.names:
+            pts = [(r["bytes"], r["busbw_GBps"]) for r in recs if r["backend"] == name and r["busbw_GBps"]]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=f"{name} {self.args.op}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("size (bytes)")
+        ax.set_ylabel("busbw (GB/s)")
+        ax.set_title(f"{self.args.op}, {self.args.dtype} {self.args.redop}, {self.world} ranks")
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        print(f"# wrote {path}")
+
+    @staticmethod
+    def _ratio(results: list[Result]) -> float | None:
+        subject, baseline = results[0].time_s, results[1].time_s
+        return None if subject is None or baseline is None else baseline / subject
+
+    def safety(self, costs) -> None:
+        parts = [f"{format_size(n)} {on * 1e6:.1f} us vs {off * 1e6:.1f} us without "
+                 f"({(on / off - 1) * 100:+.1f}%)" for n, on, off in costs]
+        print("# safety work (fingerprint check of every message + flight recorder), medians of "
+              f"{SAFETY_ROUNDS} alternating runs: " + "; ".join(parts), flush=True)
+
+    def summary(self, rows: list) -> None:
+        """nccl-tests' closing lines for the first backend (and one line per other backend), then
+        latency at the smallest size and busbw at the largest against the second backend."""
+        self.nccl_lines(rows)
+        if len(self.names) < 2 or any(self.unsupported[:2]):
+            return
+        subject, baseline = self.names[:2]
+        small, large = rows[0], rows[-1]
+        speedup = self._ratio(small[2])
+        latency = f"1/{speedup:.3g} of" if speedup >= 1 else f"{1 / speedup:.3g}x"
+        t0, t1 = (r.time_s * 1e6 for r in small[2][:2])
+        size = format_size(small[0])
+        print(f"# {size}: {subject} latency = {latency} {baseline} ({t0:.1f} us vs {t1:.1f} us)")
+        nbytes, _, results = large
+        bw0, bw1 = (self._busbw(nbytes, r.time_s) for r in results[:2])
+        floor_s = self._floor_s(nbytes)
+        at_floor = f", {floor_s / results[0].time_s * 100:.0f}% of the memory floor" if floor_s else ""
+        print(
+            f"# {format_size(nbytes)}: {subject} busbw = {self._ratio(results):.3g}x {baseline} "
+            f"({bw0:.2f} vs {bw1:.2f} GB/s){at_floor}",
+            flush=True,
+        )
+
+    def nccl_lines(self, rows: list) -> None:
+        """`# Out of bounds values : N OK|FAILED` and `# Avg bus bandwidth : X`, as nccl-tests ends its
+        output (scripts grep for them): the wrong elements summed over every size, and busbw averaged
+        over every size, for the first backend; the other backends follow on a line each."""
+        for i, name in enumerate(self.names):
+            results = [r[2][i] for r in rows if r[2][i].time_s is not None]
+            if not results:
+                continue
+            if not self.args.check:
+                wrong = "not checked (--no-check)"
+            else:
+                n = sum(r.wrong or 0 for r in results)
+                wrong = f"{n} {'OK' if n == 0 else 'FAILED'}"
+            busbw = statistics.fmean(self._busbw(nbytes, res[i].time_s)
+                                     for nbytes, _, res in rows if res[i].time_s is not None)
+            if i == 0:
+                print(f"# Out of bounds values : {wrong}")
+                print(f"# Avg bus bandwidth    : {busbw:.4f} ")
+            else:
+                print(f"# {name}: out of bounds values {wrong}; avg bus bandwidth {busbw:.4f}")
+        sys.stdout.flush()
+
+    def headline(self, rows: list) -> None:
+        """For ringreduce's all_reduce with its ranks on one GPU, at world size 2: a large op against
+        the memory floor and gloo, and a small op's latency."""
+        a = self.args
+        if self.gpu is None or self.world != 2 or a.op != "all_reduce" or self.names[0] != "ringreduce":
+            return
+        subject = self.names[0]
+        by_size = {nbytes: results for nbytes, _, results in rows}
+        size = format_size(HEADLINE_LARGE_BYTES)
+        big = by_size.get(HEADLINE_LARGE_BYTES)
+        if big is not None and big[0].time_s is not None:
+            t = big[0].time_s
+            floor_s = self._floor_s(HEADLINE_LARGE_BYTES)
+            if floor_s:
+                print(f"# {size}: {subject} {t * 1e6:.1f} us = {t / floor_s:.2f}x the memory floor "
+                      f"({floor_s * 1e6:.1f} us)")
+            gloo = big[self.names.index("gloo")] if "gloo" in self.names[1:] else None
+            if gloo is not None and gloo.time_s is not None:
+                print(f"# {size}: {subject} busbw = {gloo.time_s / t:.3g}x gloo")
+        small = by_size.get(HEADLINE_SMALL_BYTES)
+        if small is not None and small[0].time_s is not None:
+            print(f"# {format_size(HEADLINE_SMALL_BYTES)}: {subject} latency {small[0].time_s * 1e6:.1f} us")
+        sys.stdout.flush()
+
+    def nccl_floor(self, times: list | None, why: str | None) -> None:
+        """NCCL's own time at world size 1 on this GPU: what launching any op costs, its floor."""
+        self.nccl = (times, why)
+        if times is None:
+            print(f"# NCCL floor: not measured ({why})", flush=True)
+            return
+        print(f"# launch-overhead floor: NCCL {self.args.op} at world size 1 on the same GPU, in a process "
+              "of its own (NCCL cannot put two ranks on one GPU), timed as the table is")
+        print(f"# {'size(B)':>12} {'NCCL time(us)':>14}")
+        for nbytes, t in times:
+            print(f"# {nbytes:>12} {t * 1e6:>14.1f}")
+        sys.stdout.flush()
