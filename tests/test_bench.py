@@ -53,24 +53,83 @@ def parse_table(stdout):
     return columns, rows
 
 
-def assert_table(stdout, dtype="float32", redop="sum", world=2):
+SET_COLUMNS = ["time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong"]
+
+
+def _label_centres(line):
+    """(label, centre column) of each label on one of the header's label lines."""
+    return [(m.group(), (m.start() + m.end()) / 2) for m in re.finditer(r"\S+", line[1:])]
+
+
+def parse_sets(stdout):
+    """The table's rows as {(backend, set): {column: cell}}, from the two label lines above the
+    column names (backends, then nccl-tests' out-of-place / in-place), placed by position: each
+    column of a set belongs to the label centred nearest to it."""
+    lines = stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("#") and "size(B)" in line)
+    names_line, backend_line, set_line = lines[at], lines[at - 2], lines[at - 1]
+    columns = [(m.group(), (m.start() + m.end()) / 2 - 1) for m in re.finditer(r"\S+", names_line[1:])]
+    backends, sets = _label_centres(backend_line), _label_centres(set_line)
+    assert {label for label, _ in sets} == {"out-of-place", "in-place"}, set_line
+
+    def nearest(labels, x):
+        return min(labels, key=lambda lc: abs(lc[1] - x))
+
+    # Backends may share a name (gloo,gloo): number them in order.
+    owner = []
+    for name, x in columns:
+        if name not in SET_COLUMNS:
+            owner.append(None)
+            continue
+        b = nearest(backends, x)
+        owner.append((f"{b[0]}#{backends.index(b)}", nearest(sets, x)[0], name))
+    out = []
+    for row in parse_table(stdout)[1]:
+        cells = {}
+        for key, cell in zip(owner, row, strict=True):
+            if key is not None:
+                cells.setdefault(key[:2], {})[key[2]] = cell
+        out.append(cells)
+    return out
+
+
+def assert_table(stdout, dtype="float32", redop="sum", world=2, checked=True):
     columns, rows = parse_table(stdout)
     assert [int(r[0]) for r in rows] == TINY_SIZES
     itemsize = bench.DTYPES[dtype].itemsize
     assert [int(r[1]) for r in rows] == [s // itemsize for s in TINY_SIZES]
     wrong = [i for i, c in enumerate(columns) if c == "#wrong"]
-    assert len(wrong) == 2, columns
+    assert len(wrong) == 4, columns  # two backends, each with nccl-tests' two sets
     for r in rows:
         assert len(r) == len(columns), (columns, r)
         assert r[2:4] == [dtype, redop]
-        assert [r[i] for i in wrong] == ["0", "0"], (columns, r)
+        assert [r[i] for i in wrong] == (["0"] * 4 if checked else ["N/A"] * 4), (columns, r)
         assert float(r[columns.index("ratio")]) > 0
         floor_pct = r[columns.index("%floor")]
         if world == 1:
             assert floor_pct == "-"  # one rank moves nothing, so there is no floor to compare with
         else:
             assert float(floor_pct) >= 0
+    # Every backend has both sets, each with its four columns, under the labels nccl-tests uses.
+    for cells in parse_sets(stdout):
+        assert sorted(s for _, s in cells) == ["in-place", "in-place", "out-of-place", "out-of-place"], cells
+        for figures in cells.values():
+            assert list(figures) == SET_COLUMNS
+            assert float(figures["time(us)"]) > 0 and float(figures["busbw(GB/s)"]) >= 0
     assert "# 1KiB: " in stdout and "# 64KiB: " in stdout  # the summary lines
+    assert re.search(r"^# 1KiB: .*, in-place\)$", stdout, re.M), stdout  # which set they use
+    assert "# ratio = busbw(" in stdout and re.search(r"^# ratio = .*, in-place$", stdout, re.M)
+    closing = closing_lines(stdout)
+    assert closing["wrong"] == ("0 OK" if checked else "not checked (-c 0)")
+    assert closing["busbw"] > 0
+
+
+def closing_lines(stdout):
+    """nccl-tests' two closing lines, parsed as scripts grep them."""
+    wrong = re.search(r"^# Out of bounds values : (.*)$", stdout, re.M)
+    busbw = re.search(r"^# Avg bus bandwidth    : ([\d.]+) $", stdout, re.M)
+    assert wrong and busbw, stdout
+    return {"wrong": wrong.group(1), "busbw": float(busbw.group(1))}
 
 
 # --- the arithmetic --------------------------------------------------------------------------------
@@ -202,7 +261,24 @@ def test_bench_table_gloo_standin(world):
     out = run_bench("--backends", "gloo,gloo", "-g", str(world), *TINY)
     assert out.returncode == 0, out.stderr
     assert f"# World: {world} rank(s)" in out.stdout
+    assert "-z 0: the ops of a batch issued asynchronously, then all waited on" in out.stdout
     assert_table(out.stdout, world=world)
+
+
+def test_bench_check_off_reads_na_as_nccl_tests():
+    out = run_bench("--backends", "gloo,gloo", "-g", "2", "-c", "0", *TINY)
+    assert out.returncode == 0, out.stderr
+    assert "# #wrong: not checked (-c 0)" in out.stdout
+    assert_table(out.stdout, checked=False)
+
+
+def test_bench_blocking_runs_and_says_so(tmp_path):
+    path = tmp_path / "rows.json"
+    out = run_bench("--backends", "gloo,gloo", "-g", "2", "-z", "1", *TINY, "--json", str(path))
+    assert out.returncode == 0, out.stderr
+    assert "-z 1: every op waited on before the next is issued" in out.stdout
+    assert_table(out.stdout)
+    assert json.loads(path.read_text())["blocking"] is True
 
 
 def test_bench_table_gloo_standin_bfloat16_max():
@@ -288,12 +364,19 @@ def cuda_report(monkeypatch, world=2, argv=(), shared=True, kernel_bw=2.7e12):
     gpu = bench.Gpu(index=0, name="Made-up GPU", visible=1 if shared else 2, shared=shared,
                     copy_bytes=256 * MiB, copy_bw=COPY_BW, kernel_bw=kernel_bw,
                     kernel_note="" if kernel_bw else "ringreduce._C was built without CUDA: why")
-    return bench.Report(args, world, bench.COLLECTIVES[args.op], COPY_BW, [None] * len(args.backends), gpu)
+    return bench.Report(args, world, bench.COLLECTIVES[args.op], COPY_BW,
+                        [(None, None)] * len(args.backends), gpu)
+
+
+def sets(time_s, wrong=0, out_of_place_s=None):
+    """A backend's two sets at one size; out of place 1.5x the in-place time unless given."""
+    return bench.SetResults(bench.Result(out_of_place_s or 1.5 * time_s, wrong), bench.Result(time_s, wrong))
 
 
 def floor_cells(report, capsys, nbytes, time_s):
-    report.row(nbytes, nbytes // 4, [bench.Result(time_s, 0), bench.Result(time_s * 10, 0)])
-    columns = report._line("", [name for _, cols in report.groups for name, _ in cols]).split()
+    # The floor and %floor are against the in-place time, all_reduce's own: the other set's must not count.
+    report.row(nbytes, nbytes // 4, [sets(time_s, out_of_place_s=time_s / 3), sets(time_s * 10)])
+    columns = report.column_names()
     cells = capsys.readouterr().out.split()
     return cells[columns.index("floor(us)")], cells[columns.index("%floor")]
 
@@ -335,8 +418,8 @@ def test_cuda_kernel_line_says_why_it_was_not_measured(monkeypatch, capsys):
 
 def headline_rows(latency_s, big_s, gloo_s):
     return [
-        (8 * 1024, 2048, [bench.Result(latency_s, 0), bench.Result(1e-3, 0)]),
-        (256 * MiB, 64 * MiB, [bench.Result(big_s, 0), bench.Result(gloo_s, 0)]),
+        (8 * 1024, 2048, [sets(latency_s), sets(1e-3)]),
+        (256 * MiB, 64 * MiB, [sets(big_s), sets(gloo_s)]),
     ]
 
 
@@ -359,18 +442,29 @@ def test_cuda_headline(monkeypatch, capsys):
 
 def test_cuda_nccl_floor_and_json(monkeypatch, capsys, tmp_path):
     report = cuda_report(monkeypatch)
-    report.nccl_floor([(8192, 7e-6), (256 * MiB, 300e-6)], None)
+    report.nccl_floor([(8192, 9e-6, 7e-6), (256 * MiB, None, 300e-6)], None)
     out = capsys.readouterr().out
     assert "# launch-overhead floor: NCCL all_reduce at world size 1" in out
-    assert re.search(r"^#\s+8192\s+7\.0$", out, re.M) and re.search(r"^#\s+268435456\s+300\.0$", out, re.M)
+    assert re.search(r"^#\s+size\(B\)\s+out-of-place\s+in-place$", out, re.M), out
+    assert re.search(r"^#\s+8192\s+9\.0\s+7\.0$", out, re.M), out
+    assert re.search(r"^#\s+268435456\s+N/A\s+300\.0$", out, re.M), out
     rows = headline_rows(20e-6, 1e-3, 1e-1)
     path = tmp_path / "cuda.json"
     report.write_json(rows, str(path))
     doc = json.loads(path.read_text())
     assert doc["device"]["type"] == "cuda" and doc["device"]["name"] == "Made-up GPU"
     assert doc["kernel_bandwidth_GBps"] == pytest.approx(2700)
-    assert doc["nccl_floor"]["rows"][0] == {"bytes": 8192, "time_us": pytest.approx(7.0)}
+    assert doc["nccl_floor"]["set"] == "in-place"
+    assert doc["nccl_floor"]["rows"][0] == {"bytes": 8192, "time_us": pytest.approx(7.0),
+                                            "out_of_place": {"time_us": pytest.approx(9.0)},
+                                            "in_place": {"time_us": pytest.approx(7.0)}}
+    assert doc["nccl_floor"]["rows"][1]["out_of_place"] == {"time_us": None}
     assert {r["device"] for r in doc["rows"]} == {"cuda"}
+    # Both sets of every row; the top-level figures are the in-place ones, all_reduce's own.
+    first = doc["rows"][0]
+    assert first["set"] == "in-place" and first["time_us"] == pytest.approx(20.0)
+    assert first["in_place"]["time_us"] == pytest.approx(20.0)
+    assert first["out_of_place"]["time_us"] == pytest.approx(30.0)
     capsys.readouterr()
     report.nccl_floor(None, "this torch has no NCCL")
     assert capsys.readouterr().out == "# NCCL floor: not measured (this torch has no NCCL)\n"
@@ -396,6 +490,19 @@ def test_parse_args_defaults_and_check_switch():
     )
     assert bench.parse_args(["--no-check"]).check is False
     assert bench.parse_args(["--no-check", "-c"]).check is True
+    # nccl-tests' spelling: -c 0|1, and -z 0|1 (blocking, off by default).
+    assert bench.parse_args(["-c", "0"]).check is False
+    assert bench.parse_args(["-c", "0", "-c", "1"]).check is True
+    assert args.blocking is False
+    assert bench.parse_args(["-z", "1"]).blocking is True
+    assert bench.parse_args(["-z", "0"]).blocking is False
+
+
+@pytest.mark.parametrize("argv", [["-c", "2"], ["-z", "yes"], ["-z"]])
+def test_parse_args_takes_0_or_1(argv, capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args(argv)
+    assert "error:" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("op", sorted(bench.COLLECTIVES))
@@ -408,6 +515,18 @@ def test_bench_every_op_checks_and_writes_json(op, tmp_path):
     # One record per size and backend, each exactly checked, matching the printed table.
     assert len(rows) == 2 * len(table) and {r["backend"] for r in rows} == {"ringreduce", "gloo"}
     assert all(r["op"] == op and r["wrong"] == 0 and r["busbw_GBps"] > 0 for r in rows), rows
+    # Both of nccl-tests' sets, each checked; the top-level figures are the set torch's call is.
+    native = bench.COLLECTIVES[op].native_set
+    assert {r["set"] for r in rows} == {native}
+    for r in rows:
+        assert r[native.replace("-", "_")]["time_us"] == r["time_us"]
+        for key in ("out_of_place", "in_place"):
+            if key == "in_place" and op == "alltoall":
+                assert r[key] == {"time_us": None, "algbw_GBps": None, "busbw_GBps": None, "wrong": None}
+            else:
+                assert r[key]["wrong"] == 0 and r[key]["busbw_GBps"] > 0, (key, r)
+    if op == "alltoall":
+        assert "# ringreduce in-place: not measured (all_to_all_single has no in-place form" in out.stdout
 
 
 def test_bench_plot(tmp_path):
@@ -454,11 +573,13 @@ def test_nccl_tests_closing_lines(monkeypatch, capsys):
     # nccl-tests ends with these two lines, which scripts grep for: wrong elements summed over the
     # sizes (OK at 0), busbw averaged over the sizes; here for ringreduce, then gloo on a line.
     report = cuda_report(monkeypatch)
-    rows = [(1 << 20, 1 << 18, [bench.Result(1e-3, 0), bench.Result(2e-3, 0)]),
-            (4 << 20, 1 << 20, [bench.Result(2e-3, 0), bench.Result(8e-3, 3)])]
+    # Over both sets, as nccl-tests averages its out-of-place and in-place figures.
+    rows = [(1 << 20, 1 << 18, [sets(1e-3, out_of_place_s=4e-3), sets(2e-3)]),
+            (4 << 20, 1 << 20, [sets(2e-3, out_of_place_s=2e-3), sets(8e-3, 3)])]
     report.nccl_lines(rows)
     out = capsys.readouterr().out.splitlines()
-    busbw = ((1 << 20) / 1e-3 + (4 << 20) / 2e-3) / 2 / 1e9  # world 2: factor 1
+    busbw = ((1 << 20) / 1e-3 + (1 << 20) / 4e-3 + 2 * (4 << 20) / 2e-3) / 4 / 1e9  # world 2: factor 1
     assert out[0] == "# Out of bounds values : 0 OK", out
     assert out[1] == f"# Avg bus bandwidth    : {busbw:.4f} ", out
-    assert out[2].startswith("# gloo: out of bounds values 3 FAILED; avg bus bandwidth "), out
+    # 3 wrong in each of gloo's sets at the larger size.
+    assert out[2].startswith("# gloo: out of bounds values 6 FAILED; avg bus bandwidth "), out

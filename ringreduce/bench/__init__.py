@@ -44,6 +44,7 @@ from .collectives import (
     DTYPES,
     PROG,
     REDOPS,
+    SETS,
     Collective,
     allreduce_busbw_factor,
     check_all_reduce,
@@ -55,4 +56,4 @@ from .collectives import (
 from .cuda import Gpu, measure_gpu, nccl_floor
 from .floor import copy_bytes, measure_copy_bandwidth
 from .report import Report, format_size
-from .timing import Result, iterations, probe_support, safety_cost, time_collective
+from .timing import Result, SetResults, iterations, probe_support, safety_cost, time_collective

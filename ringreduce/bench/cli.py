@@ -18,7 +18,15 @@ from .collectives import COLLECTIVES, DTYPES, PROG, REDOPS
 from .cuda import measure_gpu, nccl_floor
 from .floor import copy_bytes, measure_copy_bandwidth
 from .report import Report
-from .timing import SAFETY_OFF, Result, _sum_over_ranks, probe_support, safety_cost, time_collective
+from .timing import (
+    SAFETY_OFF,
+    Result,
+    SetResults,
+    _sum_over_ranks,
+    probe_support,
+    safety_cost,
+    time_collective,
+)
 
 BUILD_HINT = "build it with `make build` or `pip install --no-build-isolation --no-deps -e .`"
 
@@ -40,7 +48,6 @@ def parse_size(text: str) -> int:
     return int(m.group(1)) * _SIZE_UNITS[m.group(2).lower()]
 
 
-
 def size_sweep(minbytes: int, maxbytes: int, factor: int) -> list[int]:
     sizes = []
     size = minbytes
@@ -48,7 +55,6 @@ def size_sweep(minbytes: int, maxbytes: int, factor: int) -> list[int]:
         sizes.append(size)
         size *= factor
     return sizes
-
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -103,9 +109,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "-c",
         "--check",
-        action=argparse.BooleanOptionalAction,
+        type=_bool_arg,
+        nargs="?",
+        const=True,
         default=True,
-        help="count wrong result elements after each size (default on)",
+        metavar="0|1",
+        help="count wrong result elements after each size and set: 1 (the default; -c alone too) or 0, "
+        "when #wrong reads N/A, as in nccl-tests",
+    )
+    p.add_argument("--no-check", dest="check", action="store_false", help="the same as -c 0")
+    p.add_argument(
+        "-z",
+        "--blocking",
+        type=_bool_arg,
+        default=False,
+        metavar="0|1",
+        help="1: wait for every op before issuing the next; 0 (default): issue a timed batch "
+        "asynchronously and wait at its end, as nccl-tests does without -z",
     )
     p.add_argument(
         "--timeout", type=float, default=600.0, help="seconds before a hung run is killed (default 600)"
@@ -131,6 +151,12 @@ def _size_arg(text: str) -> int:
         return parse_size(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _bool_arg(text: str) -> bool:
+    if text not in ("0", "1"):
+        raise argparse.ArgumentTypeError(f"expected 0 or 1, got {text!r}")
+    return text == "1"
 
 
 def _backends_arg(text: str) -> list[str]:
@@ -202,7 +228,6 @@ def ensure_backend(name: str) -> None:
         )
 
 
-
 def verify_same_plan(args: argparse.Namespace, rank: int, world: int, control) -> None:
     """Every rank must run the same sizes and iteration counts, or the collectives would not match up."""
     keys = (
@@ -216,6 +241,7 @@ def verify_same_plan(args: argparse.Namespace, rank: int, world: int, control) -
         "warmup",
         "backends",
         "check",
+        "blocking",
         "device",
     )
     plan = {k: getattr(args, k) for k in keys}
@@ -227,7 +253,6 @@ def verify_same_plan(args: argparse.Namespace, rank: int, world: int, control) -
                 f"{PROG}: rank {rank} runs {plan} but rank {other} runs {theirs}; "
                 "give all ranks the same options"
             )
-
 
 
 def run_rank(rank: int, world: int, store, args: argparse.Namespace) -> None:
@@ -270,7 +295,6 @@ def run_rank(rank: int, world: int, store, args: argparse.Namespace) -> None:
         dist.destroy_process_group()
 
 
-
 def _bench(rank: int, world: int, args: argparse.Namespace, groups: list, control, bare=None) -> None:
     verify_same_plan(args, rank, world, control)
     coll = COLLECTIVES[args.op]
@@ -287,8 +311,10 @@ def _bench(rank: int, world: int, args: argparse.Namespace, groups: list, contro
     else:
         device = torch.device("cpu")
         copy_bw = measure_copy_bandwidth(copy_bytes(args.maxbytes), world, control)
-    unsupported = [probe_support(coll, dtype, args.redop, g, control, device) for g in groups]
-    if all(unsupported):
+    # Per backend, why it cannot run each set (SETS' order), or None where it can.
+    unsupported = [tuple(probe_support(coll, dtype, args.redop, g, control, device, inplace)
+                         for inplace in (False, True)) for g in groups]
+    if all(all(reasons) for reasons in unsupported):
         raise RuntimeError(
             f"{PROG}: no backend runs {args.op} {args.dtype} {args.redop} on {args.device}: {unsupported}"
         )
@@ -303,22 +329,25 @@ def _bench(rank: int, world: int, args: argparse.Namespace, groups: list, contro
         # overflows nor turns denormal (which would slow the arithmetic); the check uses its own inputs.
         buf = torch.zeros(count, dtype=dtype, device=device)
         results = []
-        for group, reason in zip(groups, unsupported, strict=True):
-            if reason:
-                results.append(Result(None, None))
-                continue
-            elapsed = time_collective(coll, buf, args, group, control)
-            wrong = None
-            if args.check:
-                wrong = coll.check(count, dtype, args.redop, group, rank, world, device)
-                wrong = _sum_over_ranks(wrong, control)
-            results.append(Result(elapsed, wrong))
+        for group, reasons in zip(groups, unsupported, strict=True):
+            sets = []
+            for inplace, reason in zip((False, True), reasons, strict=True):
+                if reason:
+                    sets.append(Result(None, None))
+                    continue
+                elapsed = time_collective(coll, buf, args, group, control, inplace)
+                wrong = None
+                if args.check:
+                    wrong = coll.check(count, dtype, args.redop, group, rank, world, device, inplace)
+                    wrong = _sum_over_ranks(wrong, control)
+                sets.append(Result(elapsed, wrong))
+            results.append(SetResults(*sets))
         rows.append((count * dtype.itemsize, count, results))
         if report is not None:
             report.row(*rows[-1])
     costs = None
     # Not where ringreduce is N/A (a build without CUDA, in CUDA mode): its bare group would fail too.
-    if bare is not None and rows and not unsupported[0]:
+    if bare is not None and rows and not unsupported[0][coll.native_in_place]:
         sizes = sorted({rows[0][0], rows[-1][0]})
         costs = safety_cost(args, dtype, sizes, groups[0], bare, control, device)
     if report is not None:
@@ -336,7 +365,6 @@ def _bench(rank: int, world: int, args: argparse.Namespace, groups: list, contro
             report.write_json(rows, args.json)
         if args.plot:
             report.plot(rows, args.plot)
-
 
 
 # ---------------------------------------------------------------------------------------------------

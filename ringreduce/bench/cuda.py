@@ -99,8 +99,9 @@ def measure_gpu(maxbytes: int, device: torch.device, world: int) -> Gpu:
 
 
 def nccl_floor(args: argparse.Namespace, device: torch.device, sizes: list[int]):
-    """NCCL's time for the op at world size 1 on this GPU: ([(bytes, seconds)] at each size, None),
-    or (None, why it was not measured).
+    """NCCL's time for the op at world size 1 on this GPU: ([(bytes, out-of-place seconds, in-place
+    seconds)] at each size, None), or (None, why it was not measured). A set NCCL cannot run (or
+    that the collective lacks) has None for its seconds.
 
     NCCL refuses two ranks on one GPU, but a rank alone still pays what every NCCL op pays (a kernel
     launch and the communicator's bookkeeping): a floor under the small sizes. It runs in a fresh
@@ -136,9 +137,15 @@ def _nccl_rank(rank: int, world: int, store, args: argparse.Namespace, index: in
         unsupported = probe_support(coll, dtype, args.redop, dist.group.WORLD, control, device)
         times = []
         if unsupported is None:
+            # The native set is known to run; the other may not (alltoall has no in-place form).
+            world_group = dist.group.WORLD
+            runs = [inplace == coll.native_in_place
+                    or probe_support(coll, dtype, args.redop, world_group, control, device, inplace) is None
+                    for inplace in (False, True)]
             for size in sizes:
                 buf = torch.zeros(size // dtype.itemsize, dtype=dtype, device=device)
-                times.append((size, time_collective(coll, buf, args, dist.group.WORLD, control)))
+                times.append((size, *(time_collective(coll, buf, args, world_group, control, inplace) if ok
+                                      else None for inplace, ok in zip((False, True), runs, strict=True))))
     finally:
         dist.destroy_process_group()
     with open(path, "w") as f:

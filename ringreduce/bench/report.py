@@ -10,15 +10,16 @@ import platform
 import shlex
 import statistics
 import sys
+from collections.abc import Callable
 
 import torch
 
 from ringreduce import _launch
 
-from .collectives import PROG, Collective
+from .collectives import PROG, SETS, Collective
 from .cuda import GPU_REPS, KERNEL_BYTES, Gpu
 from .floor import COPY_TRIALS, copy_bytes
-from .timing import SAFETY_ROUNDS, Result
+from .timing import SAFETY_ROUNDS, Result, SetResults
 
 # The headline sizes of the CUDA summary (ranks sharing one GPU, world size 2): a large op against
 # the memory floor and gloo, and a small one's latency.
@@ -33,9 +34,12 @@ def format_size(nbytes: int) -> str:
     return f"{nbytes}B"
 
 
-
 def _fmt(value: float | None, spec: str) -> str:
     return "N/A" if value is None else format(value, spec)
+
+
+def _us(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e6
 
 
 class Report:
@@ -71,21 +75,44 @@ class Report:
                 )
         self.nccl: tuple | None = None  # nccl_floor's result, once measured
         self.names = args.backends
-        self.groups = [("", [("size(B)", 12), ("count", 12), ("type", 8), ("redop", 6)])]
-        for i, name in enumerate(self.names):
-            cols = [("time(us)", 10), ("algbw(GB/s)", 11), ("busbw(GB/s)", 11), ("#wrong", 7)]
+        # The set whose figures the floor, the ratio and the summary lines use: the collective's own
+        # form in torch.distributed, which is what this table measured before it had both sets.
+        self.native = coll.native_in_place
+        # The columns as (backend index, set index, name, width), -1 where a column has no backend
+        # or set: the two label lines above the names span the runs of equal indices.
+        per_set = [("time(us)", 10), ("algbw(GB/s)", 11), ("busbw(GB/s)", 11), ("#wrong", 7)]
+        first = [("size(B)", 12), ("count", 12), ("type", 8), ("redop", 6)]
+        self.columns = [(-1, -1, c, w) for c, w in first]
+        for i in range(len(self.names)):
+            for s in range(len(SETS)):
+                self.columns += [(i, s, c, w) for c, w in per_set]
             if i == 0:
-                cols += [("floor(us)", 10), ("%floor", 7)]
-            self.groups.append((name, cols))
+                self.columns += [(i, -1, "floor(us)", 10), (i, -1, "%floor", 7)]
         if len(self.names) > 1:
-            self.groups.append(("", [("ratio", 8)]))
-        self.widths = [max(len(name), width) for _, cols in self.groups for name, width in cols]
+            self.columns.append((-1, -1, "ratio", 8))
+        self.widths = [max(len(name), width) for _, _, name, width in self.columns]
+
+    def column_names(self) -> list[str]:
+        return [name for _, _, name, _ in self.columns]
 
     def _line(self, prefix: str, cells: list[str]) -> str:
         return prefix + " ".join(cell.rjust(w) for cell, w in zip(cells, self.widths, strict=True))
 
+    def _label_line(self, key: Callable[[tuple], tuple], label: Callable[[tuple], str]) -> str:
+        """Labels centred over the runs of columns with equal key(column)."""
+        runs: list[list] = []  # [key, label, width]
+        for col, w in zip(self.columns, self.widths, strict=True):
+            if runs and runs[-1][0] == key(col):
+                runs[-1][2] += w + 1
+            else:
+                runs.append([key(col), label(col), w])
+        return "# " + " ".join(text.center(w) for _, text, w in runs).rstrip()
+
     def _busbw(self, nbytes: int, time_s: float) -> float:
         return nbytes / time_s / 1e9 * self.coll.busbw_factor(self.world)
+
+    def _native(self, results: list[SetResults]) -> list[Result]:
+        return [r.get(self.native) for r in results]
 
     def _floor_s(self, nbytes: int) -> float | None:
         """The memory floor of one op of `nbytes`, in seconds; None where there is no model."""
@@ -93,12 +120,13 @@ class Report:
 
     def _floor_lines(self, subject: str) -> list[str]:
         a, n, bw = self.args, self.world, f"{self.copy_bw / 1e9:.2f} GB/s"
+        native = SETS[self.native]
         if self.gpu is None:
             return [
                 f"Memory floor: {n} rank(s) each copying {format_size(copy_bytes(a.maxbytes))} at once move "
                 f"{bw} (reads + writes, all ranks together)",
                 f"  {subject}'s {a.op} of N bytes reads + writes {self.coll.floor_formula} bytes in all => "
-                f"floor(us) = {self.coll.floor_formula} / {bw}; %floor = floor / time({subject})",
+                f"floor(us) = {self.coll.floor_formula} / {bw}; %floor = floor / time({subject}, {native})",
             ]
         g = self.gpu
         lines = [
@@ -124,7 +152,7 @@ class Report:
                 f"Memory floor: {subject}'s {a.op} of N bytes moves {self.coll.cuda_floor_formula}/n bytes "
                 "per rank through the GPU's memory (reads + writes, the ring's slots included)",
                 f"  {n} rank(s) x {k}*N/{n} bytes each through one GPU's memory = {k}*N at {bw} => "
-                f"floor(us) = {k}*N / {bw}; %floor = floor / time({subject})",
+                f"floor(us) = {k}*N / {bw}; %floor = floor / time({subject}, {native})",
             ]
         return lines
 
@@ -150,49 +178,60 @@ class Report:
                 f"rank r on GPU r % {g.visible}" + (", so every rank shares this one" if g.shared else "")
             )
         sync = "; CUDA: torch.cuda.synchronize() before every clock reading" if self.gpu is not None else ""
+        if a.blocking:
+            issue = "-z 1: every op waited on" + (" and synchronized" if self.gpu is not None else "") + \
+                " before the next is issued"
+        else:
+            issue = "-z 0: the ops of a batch issued asynchronously, then all waited on, as nccl-tests does"
+        native, other = SETS[self.native], SETS[not self.native]
         lines += [
             f"World: {n} rank(s), {launch}",
-            f"Timing: at each size, {a.warmup} untimed iterations, a barrier, then {a.iters} timed ones "
-            f"or as many more as last {a.min_time:g} s (the same count on every rank); "
+            f"Timing: at each size and set, {a.warmup} untimed iterations, a barrier, then {a.iters} timed "
+            f"ones or as many more as last {a.min_time:g} s (the same count on every rank); {issue}; "
             f"time = max over ranks of the mean iteration time{sync}",
             f"Backends: {', '.join(self.names)}, alternating at each size; "
             "barriers and bookkeeping on a separate gloo group",
+            f"Sets: out-of-place puts the result in a buffer of its own, in-place in the input's, as in "
+            f"nccl-tests; {a.op} is {native} in torch.distributed; {other}: {self.coll.other_set}",
             f"algbw = size / time, busbw = algbw * {self.coll.busbw_formula} "
             f"({n} ranks: x{self.coll.busbw_factor(n):.3f}); GB = 1e9 bytes",
             *self._floor_lines(subject),
         ]
         if baseline:
-            lines.append(f"ratio = busbw({subject}) / busbw({baseline}) = time({baseline}) / time({subject})")
-        lines += [
-            f"{name}: not measured ({reason})"
-            for name, reason in zip(self.names, self.unsupported, strict=True)
-            if reason
-        ]
+            lines.append(f"ratio = busbw({subject}) / busbw({baseline}) = time({baseline}) / "
+                         f"time({subject}), {native}")
+        for name, reasons in zip(self.names, self.unsupported, strict=True):
+            if reasons[0] and reasons[0] == reasons[1]:
+                lines.append(f"{name}: not measured ({reasons[0]})")
+                continue
+            lines += [f"{name} {set_name}: not measured ({reason})"
+                      for set_name, reason in zip(SETS, reasons, strict=True) if reason]
         if not a.check:
-            lines.append("#wrong: not checked (--no-check)")
+            lines.append("#wrong: not checked (-c 0)")
         for line in lines:
             print(f"# {line}")
         print("#")
-        group_widths, first = [], 0
-        for _, cols in self.groups:
-            group_widths.append(sum(self.widths[first : first + len(cols)]) + len(cols) - 1)
-            first += len(cols)
-        group_line = " ".join(name.center(w) for (name, _), w in zip(self.groups, group_widths, strict=True))
-        print(f"# {group_line.rstrip()}")
-        print(self._line("# ", [name for _, cols in self.groups for name, _ in cols]), flush=True)
+        print(self._label_line(lambda c: (c[0],), lambda c: self.names[c[0]] if c[0] >= 0 else ""))
+        print(self._label_line(lambda c: (c[0], c[1]), lambda c: SETS[c[1]] if c[1] >= 0 else ""))
+        print(self._line("# ", self.column_names()), flush=True)
 
-    def row(self, nbytes: int, count: int, results: list[Result]) -> None:
+    def _set_cells(self, nbytes: int, r: Result) -> list[str]:
+        measured = r.time_s is not None
+        return [
+            _fmt(r.time_s * 1e6 if measured else None, ".1f"),
+            _fmt(nbytes / r.time_s / 1e9 if measured else None, ".2f"),
+            _fmt(self._busbw(nbytes, r.time_s) if measured else None, ".2f"),
+            "N/A" if r.wrong is None else str(r.wrong),
+        ]
+
+    def row(self, nbytes: int, count: int, results: list[SetResults]) -> None:
         a = self.args
         cells = [str(nbytes), str(count), a.dtype, a.redop]
-        for i, r in enumerate(results):
-            measured = r.time_s is not None
-            cells += [
-                _fmt(r.time_s * 1e6 if measured else None, ".1f"),
-                _fmt(nbytes / r.time_s / 1e9 if measured else None, ".2f"),
-                _fmt(self._busbw(nbytes, r.time_s) if measured else None, ".2f"),
-                "N/A" if r.wrong is None else str(r.wrong),
-            ]
+        for i, sets in enumerate(results):
+            for r in sets.both():
+                cells += self._set_cells(nbytes, r)
             if i == 0:
+                r = sets.get(self.native)
                 floor_s = self._floor_s(nbytes)
                 if floor_s is None:
                     cells += ["N/A", "N/A"]
@@ -205,19 +244,29 @@ class Report:
             cells.append(_fmt(self._ratio(results), ".2f"))
         print(self._line("  ", cells), flush=True)
 
+    def _set_record(self, nbytes: int, r: Result) -> dict:
+        measured = r.time_s is not None
+        return {
+            "time_us": r.time_s * 1e6 if measured else None,
+            "algbw_GBps": nbytes / r.time_s / 1e9 if measured else None,
+            "busbw_GBps": self._busbw(nbytes, r.time_s) if measured else None,
+            "wrong": r.wrong,
+        }
+
     def records(self, rows: list) -> list[dict]:
-        """One dict per (size, backend): what the table shows, in plain units."""
+        """One dict per (size, backend): what the table shows, in plain units. Each set has its own
+        figures under "out_of_place" and "in_place"; the top-level figures are the native set's
+        (named by "set"), as the records had them before there were two sets."""
         out = []
         for nbytes, count, results in rows:
-            for name, r in zip(self.names, results, strict=True):
-                measured = r.time_s is not None
+            for name, sets in zip(self.names, results, strict=True):
                 out.append({
                     "op": self.args.op, "backend": name, "device": self.args.device, "world": self.world,
                     "bytes": nbytes, "count": count, "dtype": self.args.dtype, "redop": self.args.redop,
-                    "time_us": r.time_s * 1e6 if measured else None,
-                    "algbw_GBps": nbytes / r.time_s / 1e9 if measured else None,
-                    "busbw_GBps": self._busbw(nbytes, r.time_s) if measured else None,
-                    "wrong": r.wrong,
+                    "set": SETS[self.native],
+                    **self._set_record(nbytes, sets.get(self.native)),
+                    "out_of_place": self._set_record(nbytes, sets.out_of_place),
+                    "in_place": self._set_record(nbytes, sets.in_place),
                 })
         return out
 
@@ -228,6 +277,8 @@ class Report:
             "host": {"cpus": os.cpu_count(), "torch": torch.__version__},
             "copy_bandwidth_GBps": self.copy_bw / 1e9,
             "device": {"type": "cpu"},
+            "blocking": bool(self.args.blocking),
+            "check": bool(self.args.check),
             "rows": self.records(rows),
         }
         if self.gpu is not None:
@@ -238,7 +289,10 @@ class Report:
         if self.nccl is not None:
             times, why = self.nccl
             doc["nccl_floor"] = (
-                {"op": self.args.op, "world": 1, "rows": [{"bytes": n, "time_us": t * 1e6} for n, t in times]}
+                {"op": self.args.op, "world": 1, "set": SETS[self.native], "rows": [
+                    {"bytes": n, "time_us": _us(sets[self.native]),
+                     "out_of_place": {"time_us": _us(sets[0])}, "in_place": {"time_us": _us(sets[1])}}
+                    for n, *sets in times]}
                 if times is not None
                 else {"not_measured": why}
             )
@@ -256,10 +310,14 @@ class Report:
             raise RuntimeError(f"{PROG}: --plot needs matplotlib ({e}): pip install matplotlib") from e
         fig, ax = plt.subplots(figsize=(7, 4.5))
         recs = self.records(rows)
-        for name in self.names:
-            pts = [(r["bytes"], r["busbw_GBps"]) for r in recs if r["backend"] == name and r["busbw_GBps"]]
-            if pts:
-                ax.plot(*zip(*pts), marker="o", label=f"{name} {self.args.op}")
+        for i, name in enumerate(self.names):
+            color = f"C{i}"
+            for key, set_name, style in (("out_of_place", SETS[0], "--"), ("in_place", SETS[1], "-")):
+                pts = [(r["bytes"], r[key]["busbw_GBps"]) for r in recs[i :: len(self.names)]
+                       if r[key]["busbw_GBps"]]
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", color=color, linestyle=style,
+                            label=f"{name} {self.args.op} {set_name}")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("size (bytes)")
         ax.set_ylabel("busbw (GB/s)")
@@ -270,55 +328,58 @@ class Report:
         fig.savefig(path, dpi=120)
         print(f"# wrote {path}")
 
-    @staticmethod
-    def _ratio(results: list[Result]) -> float | None:
-        subject, baseline = results[0].time_s, results[1].time_s
+    def _ratio(self, results: list[SetResults]) -> float | None:
+        """busbw of the first backend over the second's, in the native set."""
+        subject, baseline = (r.time_s for r in self._native(results[:2]))
         return None if subject is None or baseline is None else baseline / subject
 
     def safety(self, costs) -> None:
         parts = [f"{format_size(n)} {on * 1e6:.1f} us vs {off * 1e6:.1f} us without "
                  f"({(on / off - 1) * 100:+.1f}%)" for n, on, off in costs]
-        print("# safety work (fingerprint check of every message + flight recorder), medians of "
-              f"{SAFETY_ROUNDS} alternating runs: " + "; ".join(parts), flush=True)
+        print(f"# safety work (fingerprint check of every message + flight recorder), {SETS[self.native]}, "
+              f"medians of {SAFETY_ROUNDS} alternating runs: " + "; ".join(parts), flush=True)
 
     def summary(self, rows: list) -> None:
         """nccl-tests' closing lines for the first backend (and one line per other backend), then
-        latency at the smallest size and busbw at the largest against the second backend."""
+        latency at the smallest size and busbw at the largest against the second backend, in the
+        native set."""
         self.nccl_lines(rows)
-        if len(self.names) < 2 or any(self.unsupported[:2]):
+        if len(self.names) < 2 or any(reasons[self.native] for reasons in self.unsupported[:2]):
             return
         subject, baseline = self.names[:2]
+        native = SETS[self.native]
         small, large = rows[0], rows[-1]
         speedup = self._ratio(small[2])
         latency = f"1/{speedup:.3g} of" if speedup >= 1 else f"{1 / speedup:.3g}x"
-        t0, t1 = (r.time_s * 1e6 for r in small[2][:2])
+        t0, t1 = (r.time_s * 1e6 for r in self._native(small[2][:2]))
         size = format_size(small[0])
-        print(f"# {size}: {subject} latency = {latency} {baseline} ({t0:.1f} us vs {t1:.1f} us)")
+        print(f"# {size}: {subject} latency = {latency} {baseline} ({t0:.1f} us vs {t1:.1f} us, {native})")
         nbytes, _, results = large
-        bw0, bw1 = (self._busbw(nbytes, r.time_s) for r in results[:2])
+        natives = self._native(results[:2])
+        bw0, bw1 = (self._busbw(nbytes, r.time_s) for r in natives)
         floor_s = self._floor_s(nbytes)
-        at_floor = f", {floor_s / results[0].time_s * 100:.0f}% of the memory floor" if floor_s else ""
+        at_floor = f", {floor_s / natives[0].time_s * 100:.0f}% of the memory floor" if floor_s else ""
         print(
             f"# {format_size(nbytes)}: {subject} busbw = {self._ratio(results):.3g}x {baseline} "
-            f"({bw0:.2f} vs {bw1:.2f} GB/s){at_floor}",
+            f"({bw0:.2f} vs {bw1:.2f} GB/s, {native}){at_floor}",
             flush=True,
         )
 
     def nccl_lines(self, rows: list) -> None:
         """`# Out of bounds values : N OK|FAILED` and `# Avg bus bandwidth : X`, as nccl-tests ends its
-        output (scripts grep for them): the wrong elements summed over every size, and busbw averaged
-        over every size, for the first backend; the other backends follow on a line each."""
+        output (scripts grep for them): the wrong elements summed over every size and both sets, and
+        busbw averaged over every size and both sets (as nccl-tests averages its out-of-place and
+        in-place figures), for the first backend; the other backends follow on a line each."""
         for i, name in enumerate(self.names):
-            results = [r[2][i] for r in rows if r[2][i].time_s is not None]
-            if not results:
+            measured = [(nbytes, r) for nbytes, _, res in rows for r in res[i].both() if r.time_s is not None]
+            if not measured:
                 continue
             if not self.args.check:
-                wrong = "not checked (--no-check)"
+                wrong = "not checked (-c 0)"
             else:
-                n = sum(r.wrong or 0 for r in results)
+                n = sum(r.wrong or 0 for _, r in measured)
                 wrong = f"{n} {'OK' if n == 0 else 'FAILED'}"
-            busbw = statistics.fmean(self._busbw(nbytes, res[i].time_s)
-                                     for nbytes, _, res in rows if res[i].time_s is not None)
+            busbw = statistics.fmean(self._busbw(nbytes, r.time_s) for nbytes, r in measured)
             if i == 0:
                 print(f"# Out of bounds values : {wrong}")
                 print(f"# Avg bus bandwidth    : {busbw:.4f} ")
@@ -328,12 +389,12 @@ class Report:
 
     def headline(self, rows: list) -> None:
         """For ringreduce's all_reduce with its ranks on one GPU, at world size 2: a large op against
-        the memory floor and gloo, and a small op's latency."""
+        the memory floor and gloo, and a small op's latency; in place, all_reduce's native set."""
         a = self.args
         if self.gpu is None or self.world != 2 or a.op != "all_reduce" or self.names[0] != "ringreduce":
             return
         subject = self.names[0]
-        by_size = {nbytes: results for nbytes, _, results in rows}
+        by_size = {nbytes: self._native(results) for nbytes, _, results in rows}
         size = format_size(HEADLINE_LARGE_BYTES)
         big = by_size.get(HEADLINE_LARGE_BYTES)
         if big is not None and big[0].time_s is not None:
@@ -351,14 +412,17 @@ class Report:
         sys.stdout.flush()
 
     def nccl_floor(self, times: list | None, why: str | None) -> None:
-        """NCCL's own time at world size 1 on this GPU: what launching any op costs, its floor."""
+        """NCCL's own time at world size 1 on this GPU, in both sets: what launching any op costs,
+        its floor. `times` holds (bytes, out-of-place seconds, in-place seconds), None for a set
+        NCCL did not run."""
         self.nccl = (times, why)
         if times is None:
             print(f"# NCCL floor: not measured ({why})", flush=True)
             return
         print(f"# launch-overhead floor: NCCL {self.args.op} at world size 1 on the same GPU, in a process "
               "of its own (NCCL cannot put two ranks on one GPU), timed as the table is")
-        print(f"# {'size(B)':>12} {'NCCL time(us)':>14}")
-        for nbytes, t in times:
-            print(f"# {nbytes:>12} {t * 1e6:>14.1f}")
+        print(f"# {'size(B)':>12} {'out-of-place':>14} {'in-place':>14}")
+        print(f"# {'':>12} {'NCCL time(us)':>14} {'NCCL time(us)':>14}")
+        for nbytes, *sets in times:
+            print(f"# {nbytes:>12} " + " ".join(_fmt(_us(t), ".1f").rjust(14) for t in sets))
         sys.stdout.flush()
