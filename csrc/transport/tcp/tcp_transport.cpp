@@ -1,38 +1,25 @@
 #include "transport/tcp/tcp_transport.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
-#include <ifaddrs.h>
-#include <netdb.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <random>
 
 #include "common/error.h"
+#include "transport/tcp/address.h"
+#include "transport/tcp/conn.h"
 
 namespace ringreduce {
 
 namespace {
 
-// Slot layout, the same on both sides: [24, 32) FrameHead, [32, 64) MsgHeader, [64, ...) payload,
-// so that a whole Data frame is one contiguous write and payloads are 64-byte aligned.
-constexpr size_t kFrameAt = 24;
-constexpr size_t kHeaderAt = 32;
-constexpr size_t kPayloadAt = 64;
-// A wait re-checks aborts (its own and the rest of the group's) at least this often.
-constexpr std::chrono::milliseconds kMaxSleep{100};
-// An accepted connection must deliver its whole tcp::Hello within this time.
-constexpr std::chrono::milliseconds kHelloTimeout{5000};
 // At teardown, how long the Bye frames may take to leave.
 constexpr std::chrono::milliseconds kByeTimeout{2000};
 // How long a thread that aborts the group waits for its Abort frames to be on the wire: the caller
@@ -41,46 +28,6 @@ constexpr std::chrono::milliseconds kByeTimeout{2000};
 constexpr std::chrono::milliseconds kAbortFlushTimeout{1000};
 
 size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
-
-std::string sockaddr_text(const sockaddr_in& a) {
-  char ip[INET_ADDRSTRLEN] = "?";
-  inet_ntop(AF_INET, &a.sin_addr, ip, sizeof ip);
-  return detail::cat(ip, ":", ntohs(a.sin_port));
-}
-
-void set_nonblocking(int fd) {
-  const int flags = fcntl(fd, F_GETFL, 0);
-  RR_SYSCHECK(flags >= 0 && fcntl(fd, F_SETFL, flags | O_NONBLOCK) == 0,
-              "ringreduce tcp: cannot make a socket non-blocking");
-}
-
-void set_nodelay(int fd) {
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);  // best effort: latency only
-}
-
-// Waits for `events` on fd until the deadline; false on timeout.
-bool poll_until(int fd, short events, const Deadline& dl) {
-  for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(dl.remaining());
-    if (left.count() <= 0) return false;
-    pollfd p{fd, events, 0};
-    const int n = poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
-    if (n > 0) return true;
-    if (n < 0 && errno != EINTR) return true;  // let the next call report the error
-  }
-}
-
-bool parse_address(const std::string& text, sockaddr_in* out) {
-  const size_t colon = text.rfind(':');
-  if (colon == std::string::npos) return false;
-  std::memset(out, 0, sizeof *out);
-  out->sin_family = AF_INET;
-  const long port = std::strtol(text.c_str() + colon + 1, nullptr, 10);
-  if (port <= 0 || port > 65535) return false;
-  out->sin_port = htons(static_cast<uint16_t>(port));
-  return inet_pton(AF_INET, text.substr(0, colon).c_str(), &out->sin_addr) == 1;
-}
 
 std::string hex(const uint8_t* p, size_t n) {
   static const char* digits = "0123456789abcdef";
@@ -109,137 +56,6 @@ bool unhex(const std::string& s, uint8_t* out, size_t n) {
 
 }  // namespace
 
-std::string choose_listen_address(const std::string& ifname, const std::string& peer_host) {
-  if (!ifname.empty()) {
-    ifaddrs* list = nullptr;
-    RR_SYSCHECK(getifaddrs(&list) == 0, "ringreduce tcp: cannot list network interfaces");
-    std::string found, have;
-    for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
-      if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
-      char ip[INET_ADDRSTRLEN];
-      inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, ip, sizeof ip);
-      have += detail::cat(have.empty() ? "" : ", ", i->ifa_name, " ", ip);
-      if (found.empty() && ifname == i->ifa_name) found = ip;
-    }
-    freeifaddrs(list);
-    RR_CHECK(!found.empty(), "ringreduce tcp: RINGREDUCE_SOCKET_IFNAME=", ifname,
-             " names no interface with an IPv4 address here (those with one: ", have, ")");
-    return found;
-  }
-  auto route_to = [](const std::string& host) -> std::string {
-    addrinfo hints{};
-    hints.ai_family = AF_INET;
-    hints.ai_socktype = SOCK_DGRAM;
-    addrinfo* res = nullptr;
-    if (host.empty() || getaddrinfo(host.c_str(), "9", &hints, &res) != 0 || res == nullptr) return "";
-    std::string out;
-    // Connecting a UDP socket sends nothing: it only asks the kernel which address it would use.
-    const int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
-      sockaddr_in local{};
-      socklen_t len = sizeof local;
-      if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
-          local.sin_addr.s_addr != htonl(INADDR_ANY)) {
-        char ip[INET_ADDRSTRLEN];
-        inet_ntop(AF_INET, &local.sin_addr, ip, sizeof ip);
-        out = ip;
-      }
-    }
-    if (fd >= 0) close(fd);
-    freeaddrinfo(res);
-    return out;
-  };
-  std::string a = route_to(peer_host);
-  if (!a.empty()) return a;
-  char name[256] = {};
-  if (gethostname(name, sizeof name - 1) == 0) {
-    addrinfo hints{};
-    hints.ai_family = AF_INET;
-    addrinfo* res = nullptr;
-    if (getaddrinfo(name, nullptr, &hints, &res) == 0 && res != nullptr) {
-      char ip[INET_ADDRSTRLEN];
-      inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr, ip, sizeof ip);
-      a = ip;
-      freeaddrinfo(res);
-      return a;
-    }
-  }
-  return "127.0.0.1";
-}
-
-struct TcpTransport::Conn {
-  int fd = -1;
-  int peer = -1;
-  uint32_t socket = 0;
-  std::string remote;  // "ip:port" of the other end, for logs and errors
-  bool established = false;
-  std::atomic<bool> closed{false};  // written by the I/O thread, read by any
-  uint32_t interest = 0;  // events registered with epoll
-
-  // Handshake of an accepted connection (I/O thread).
-  uint8_t hello[sizeof(tcp::Hello)] = {};
-  size_t hello_got = 0;
-  Clock::time_point hello_deadline{};
-
-  // Sending. The queues are filled under mu_ by any thread; the rest is the I/O thread's.
-  std::deque<uint64_t> outq;       // messages to write, in order
-  // Control frames, written between messages: Abort, Query and State ahead of queued data (they
-  // are urgent), Bye after all of it.
-  struct Ctrl {
-    tcp::FrameType type;
-    std::string body;
-  };
-  std::deque<Ctrl> ctrl;
-  bool writing = false;            // a frame is half written
-  bool writing_ctrl = false;
-  bool inline_writer = false;      // send_end is writing a frame from the caller's thread
-  size_t out_off = 0;
-  bool want_out = false;
-
-  // Receiving (I/O thread).
-  enum class In { Head, MsgHeader, Payload, Reason, State } in = In::Head;
-  tcp::StateBody state{};
-  tcp::FrameHead head{};
-  MsgHeader hdr{};
-  size_t in_off = 0;
-  uint64_t next_msg = 0;  // the message the next Data frame on this socket carries
-  // Where the payload being read lands instead of its slot (Peer::land gave it; guarded by mu_,
-  // since stop_landing clears it), and whether a recv() into it is running right now.
-  uint8_t* landing = nullptr;
-  bool in_landing_recv = false;
-  bool may_land = false;  // the I/O thread's own: `landing` was set for this payload
-  std::string reason;
-  bool stalled = false;   // the next message's slot is still held by the receiver
-  bool said_bye = false;
-};
-
-struct TcpTransport::Peer {
-  bool connected = false;
-  std::vector<Conn*> conns;  // by socket index; owned by the I/O thread's list
-  // Send side: slot s holds message k (k % nslots == s) from send_end until it is written out.
-  std::vector<uint8_t> send_mem;
-  std::vector<uint8_t> send_busy;
-  uint64_t sent = 0;
-  // Receive side: slot s is full from the arrival of message k until recv_end.
-  std::vector<uint8_t> recv_mem;
-  std::vector<uint8_t> recv_full;
-  std::vector<MsgHeader> recv_hdr;
-  std::vector<uint8_t*> recv_landed;  // per slot: where its message's payload landed, or null
-  // The current op's destinations (land_recvs): message land_base + i lands at land(i, hdr).
-  Transport::LandFn land;
-  uint64_t land_base = 0;
-  uint64_t received = 0;
-  bool io_waiting = false;  // the I/O thread waits for recv_end to free a slot
-  // Sockets on which the peer said Bye (after all its data on that socket). When every socket has,
-  // the peer shut its group down cleanly and nothing more will come from it.
-  uint32_t byes = 0;
-  bool departed(uint32_t sockets) const { return byes == sockets; }
-  // State queries sent to the peer and answers received, and the latest answer.
-  uint64_t queries = 0;
-  uint64_t answers = 0;
-  tcp::StateBody state{};
-};
-
 TcpTransport::TcpTransport(Bootstrap& bs, const std::string& prefix, int rank, int size,
                            const TcpConfig& cfg, const std::vector<uint8_t>& peers, TcpHooks hooks)
     : rank_(rank), size_(size), cfg_(cfg), hooks_(std::move(hooks)) {
@@ -253,7 +69,7 @@ TcpTransport::TcpTransport(Bootstrap& bs, const std::string& prefix, int rank, i
            cfg.nslots);
   RR_CHECK(cfg.sockets >= 1 && cfg.sockets <= 64, "ringreduce tcp: sockets per peer must be in [1, 64], got ",
            cfg.sockets);
-  slot_stride_ = round_up(kPayloadAt + cfg.slot_bytes, 64);
+  slot_stride_ = round_up(tcp::kPayloadAt + cfg.slot_bytes, 64);
 
   // The job's secret: drawn by rank 0, shared through the store, which every rank already trusts.
   const std::string secret_key = prefix + "tcp/secret";
@@ -306,7 +122,7 @@ TcpTransport::TcpTransport(Bootstrap& bs, const std::string& prefix, int rank, i
     socklen_t len = sizeof addr;
     RR_SYSCHECK(getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len) == 0,
                 "ringreduce tcp: getsockname");
-    address_ = sockaddr_text(addr);
+    address_ = tcp::sockaddr_text(addr);
 
     epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
     RR_SYSCHECK(epoll_fd_ >= 0, "ringreduce tcp: epoll_create1");
@@ -397,551 +213,6 @@ void TcpTransport::log(const std::string& what) const {
   std::fflush(stderr);
 }
 
-void TcpTransport::wake_io() {
-  if (event_fd_ < 0) return;
-  const uint64_t one = 1;
-  ssize_t n = write(event_fd_, &one, sizeof one);
-  (void)n;  // a full counter already means "wake up"
-}
-
-void TcpTransport::notify_progress() {
-  cv_.notify_all();
-  if (!cfg_.doorbells) return;
-  if (hooks_.ring_doorbell) {
-    hooks_.ring_doorbell();
-  } else {
-    doorbell_.value.fetch_add(1, std::memory_order_seq_cst);
-    if (doorbell_.sleepers.load(std::memory_order_seq_cst) != 0) futex::wake_all(&doorbell_.value);
-  }
-}
-
-void TcpTransport::connect_to(int peer, uint32_t socket_index, const std::string& where,
-                              const Deadline& dl) {
-  sockaddr_in addr{};
-  RR_CHECK(parse_address(where, &addr), "ringreduce tcp: rank ", peer,
-           " published a malformed address '", where, "'");
-  int fd = -1;
-  std::string last_error = "no attempt";
-  while (!dl.passed()) {
-    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    RR_SYSCHECK(fd >= 0, "ringreduce tcp: rank ", rank_, " cannot create a socket");
-    int rc = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-    if (rc != 0 && errno == EINPROGRESS) {
-      if (poll_until(fd, POLLOUT, dl)) {
-        int err = 0;
-        socklen_t len = sizeof err;
-        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-        rc = err == 0 ? 0 : -1;
-        errno = err;
-      } else {
-        errno = ETIMEDOUT;
-      }
-    }
-    if (rc == 0) break;
-    last_error = std::strerror(errno);
-    close(fd);
-    fd = -1;
-    // Refused or unreachable for a moment (a listener's backlog full, a route coming up): retry.
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  RR_CHECK(fd >= 0, "ringreduce tcp: rank ", rank_, " could not connect to rank ", peer, " at ",
-           where, " within ", cfg_.connect_timeout.count(), " ms: ", last_error);
-  auto c = std::make_unique<Conn>();
-  c->fd = fd;
-  c->peer = peer;
-  c->socket = socket_index;
-  c->remote = where;
-  try {
-    set_nodelay(fd);
-    tcp::Hello mine = hello_;
-    mine.socket = socket_index;
-    size_t done = 0;
-    while (done < sizeof mine) {
-      const ssize_t n = send(fd, reinterpret_cast<const uint8_t*>(&mine) + done, sizeof mine - done,
-                             MSG_NOSIGNAL);
-      if (n > 0) {
-        done += static_cast<size_t>(n);
-      } else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-        RR_CHECK(poll_until(fd, POLLOUT, dl), "ringreduce tcp: rank ", rank_,
-                 " timed out sending its hello to rank ", peer, " at ", where);
-      } else {
-        RR_SYSCHECK(false, "ringreduce tcp: rank ", rank_, " cannot send its hello to rank ", peer,
-                    " at ", where);
-      }
-    }
-    uint8_t buf[sizeof(tcp::Hello)];
-    size_t got = 0;
-    while (got < sizeof buf) {
-      const ssize_t n = recv(fd, buf + got, sizeof buf - got, 0);
-      if (n > 0) {
-        got += static_cast<size_t>(n);
-      } else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-        RR_CHECK(poll_until(fd, POLLIN, dl), "ringreduce tcp: rank ", rank_, " timed out waiting for rank ",
-                 peer, " at ", where, " to answer its hello");
-      } else {
-        RR_CHECK(false, "ringreduce tcp: rank ", peer, " at ", where, " closed the connection of rank ",
-                 rank_, " during the handshake", n < 0 ? detail::cat(": ", std::strerror(errno)) : "");
-      }
-    }
-    tcp::Hello theirs;
-    const std::string why = tcp::check_hello(buf, got, expect_, &theirs);
-    RR_CHECK(why.empty() && theirs.rank == peer && theirs.socket == socket_index,
-             "ringreduce tcp: rank ", rank_, ": the listener at ", where, " (rank ", peer,
-             "'s address) answered with ",
-             why.empty() ? detail::cat("the hello of rank ", theirs.rank, " socket ", theirs.socket) : why);
-  } catch (...) {
-    close(fd);
-    throw;
-  }
-  std::lock_guard<std::mutex> lock(mu_);
-  c->established = true;
-  peers_[peer]->conns[socket_index] = c.get();
-  c->next_msg = socket_index;
-  ++established_;
-  adopted_.push_back(std::move(c));
-  wake_io();
-}
-
-// ---- the I/O thread ---------------------------------------------------------------------------
-
-void TcpTransport::io_loop() {
-  epoll_event events[64];
-  while (!stop_.load()) {
-    const int n = epoll_wait(epoll_fd_, events, 64, static_cast<int>(kMaxSleep.count()));
-    bool woken = false;
-    for (int i = 0; i < n; ++i) {
-      void* tag = events[i].data.ptr;
-      if (tag == &event_fd_) {
-        uint64_t v;
-        while (read(event_fd_, &v, sizeof v) > 0) {
-        }
-        woken = true;
-      } else if (tag == &listen_fd_) {
-        accept_all();
-      } else {
-        Conn* c = static_cast<Conn*>(tag);
-        if (c->established) {
-          service(*c);
-        } else {
-          service_pending(*c);
-        }
-      }
-    }
-    {
-      std::vector<std::unique_ptr<Conn>> adopted;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        adopted.swap(adopted_);
-      }
-      for (auto& c : adopted) {
-        set_nonblocking(c->fd);
-        epoll_event ev{};
-        ev.events = EPOLLIN;
-        ev.data.ptr = c.get();
-        c->interest = EPOLLIN;
-        if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, c->fd, &ev) != 0) {
-          conn_failed(*c, detail::cat("epoll_ctl: ", std::strerror(errno)));
-        }
-        io_conns_.push_back(std::move(c));
-        woken = true;
-      }
-    }
-    // New messages to send, freed receive slots and control frames come with a wake-up.
-    if (woken) {
-      for (auto& c : io_conns_) service(*c);
-    }
-    // Accepted connections that did not say hello in time.
-    const auto now = Clock::now();
-    for (auto it = pending_.begin(); it != pending_.end();) {
-      Conn& c = **it;
-      if (now >= c.hello_deadline) {
-        log(detail::cat("dropped a connection from ", c.remote, ": no complete hello within ",
-                        kHelloTimeout.count(), " ms (", c.hello_got, " of ", sizeof(tcp::Hello), " bytes)"));
-        ++rejected_;
-        close(c.fd);
-        it = pending_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-  }
-}
-
-void TcpTransport::accept_all() {
-  for (;;) {
-    sockaddr_in from{};
-    socklen_t len = sizeof from;
-    const int fd = accept4(listen_fd_, reinterpret_cast<sockaddr*>(&from), &len,
-                           SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) return;  // EAGAIN, or a connection that went away before we took it
-    auto c = std::make_unique<Conn>();
-    c->fd = fd;
-    c->remote = sockaddr_text(from);
-    c->hello_deadline = Clock::now() + kHelloTimeout;
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.ptr = c.get();
-    c->interest = EPOLLIN;
-    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
-      close(fd);
-      continue;
-    }
-    pending_.push_back(std::move(c));
-  }
-}
-
-void TcpTransport::service_pending(Conn& c) {
-  auto drop = [&](const std::string& why) {
-    log(detail::cat("dropped a connection from ", c.remote, ": ", why));
-    ++rejected_;
-    close(c.fd);
-    pending_.erase(std::find_if(pending_.begin(), pending_.end(),
-                                [&](const std::unique_ptr<Conn>& p) { return p.get() == &c; }));
-  };
-  for (;;) {
-    const ssize_t n = recv(c.fd, c.hello + c.hello_got, sizeof c.hello - c.hello_got, 0);
-    if (n > 0) {
-      c.hello_got += static_cast<size_t>(n);
-      if (c.hello_got < sizeof c.hello) continue;
-      break;
-    }
-    if (n == 0) return drop(detail::cat("it closed after ", c.hello_got, " bytes of hello"));
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-    return drop(detail::cat("recv: ", std::strerror(errno)));
-  }
-  tcp::Hello theirs;
-  std::string why = tcp::check_hello(c.hello, c.hello_got, expect_, &theirs);
-  // Check the bytes that follow the hello too: a valid peer sends nothing before our answer.
-  if (why.empty()) {
-    uint8_t extra;
-    const ssize_t more = recv(c.fd, &extra, 1, MSG_PEEK);
-    if (more > 0) why = "bytes after its hello, before the answer";
-  }
-  std::unique_lock<std::mutex> lock(mu_);
-  if (why.empty()) {
-    const int p = theirs.rank;
-    if (p <= rank_ || !peers_[p]) {
-      why = detail::cat("a hello from rank ", p, ", which does not connect to rank ", rank_);
-    } else if (peers_[p]->conns[theirs.socket] != nullptr) {
-      why = detail::cat("a second connection for rank ", p, " socket ", theirs.socket);
-    }
-  }
-  if (!why.empty()) {
-    lock.unlock();
-    return drop(why);
-  }
-  tcp::Hello mine = hello_;
-  mine.socket = theirs.socket;
-  const ssize_t sent = send(c.fd, &mine, sizeof mine, MSG_NOSIGNAL | MSG_DONTWAIT);
-  if (sent != static_cast<ssize_t>(sizeof mine)) {
-    lock.unlock();
-    return drop("could not answer its hello");
-  }
-  set_nodelay(c.fd);
-  c.peer = theirs.rank;
-  c.socket = theirs.socket;
-  c.next_msg = theirs.socket;
-  c.established = true;
-  peers_[c.peer]->conns[c.socket] = &c;
-  ++established_;
-  auto it = std::find_if(pending_.begin(), pending_.end(),
-                         [&](const std::unique_ptr<Conn>& p) { return p.get() == &c; });
-  io_conns_.push_back(std::move(*it));
-  pending_.erase(it);
-  lock.unlock();
-  cv_.notify_all();
-}
-
-void TcpTransport::service(Conn& c) {
-  if (c.closed) return;
-  if (!flush(c)) return;
-  if (!drain(c)) return;
-  if (!flush(c)) return;  // answers to the queries drain() found
-  update_interest(c);
-}
-
-void TcpTransport::update_interest(Conn& c) {
-  if (c.closed) return;
-  const uint32_t want = (c.stalled ? 0u : static_cast<uint32_t>(EPOLLIN)) |
-                        (c.want_out ? static_cast<uint32_t>(EPOLLOUT) : 0u);
-  if (want == c.interest) return;
-  epoll_event ev{};
-  ev.events = want;
-  ev.data.ptr = &c;
-  if (epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c.fd, &ev) == 0) c.interest = want;
-}
-
-bool TcpTransport::flush(Conn& c) {
-  Peer& pr = *peers_[c.peer];
-  for (;;) {
-    const uint8_t* data;
-    size_t total;
-    uint64_t msg = 0;
-    std::string frame;  // a control frame, built from the queue's front
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (c.inline_writer) return true;  // send_end has the socket; it wakes us if it stops short
-      if (!c.writing) {
-        // An Abort goes out before queued data (it is urgent); a Bye only after all of it.
-        if (!c.ctrl.empty() && (c.ctrl.front().type != tcp::FrameType::Bye || c.outq.empty())) {
-          c.writing = true;
-          c.writing_ctrl = true;
-        } else if (!c.outq.empty()) {
-          c.writing = true;
-          c.writing_ctrl = false;
-        } else {
-          c.want_out = false;
-          return true;
-        }
-        c.out_off = 0;
-      }
-      if (c.writing_ctrl) {
-        const Conn::Ctrl& f = c.ctrl.front();
-        tcp::FrameHead h;
-        h.type = static_cast<uint32_t>(f.type);
-        h.len = static_cast<uint32_t>(std::min(f.body.size(), tcp::kMaxReasonBytes));
-        frame.assign(reinterpret_cast<const char*>(&h), sizeof h);
-        frame.append(f.body, 0, h.len);
-      } else {
-        msg = c.outq.front();
-      }
-    }
-    if (c.writing_ctrl) {
-      data = reinterpret_cast<const uint8_t*>(frame.data());
-      total = frame.size();
-    } else {
-      const uint8_t* slot = pr.send_mem.data() + (msg % cfg_.nslots) * slot_stride_;
-      MsgHeader hdr;
-      std::memcpy(&hdr, slot + kHeaderAt, sizeof hdr);
-      data = slot + kFrameAt;
-      total = (kPayloadAt - kFrameAt) + hdr.bytes;
-    }
-    while (c.out_off < total) {
-      const ssize_t n = send(c.fd, data + c.out_off, total - c.out_off, MSG_NOSIGNAL);
-      if (n > 0) {
-        c.out_off += static_cast<size_t>(n);
-        continue;
-      }
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-        c.want_out = true;
-        return true;
-      }
-      conn_failed(c, detail::cat("send: ", std::strerror(errno)));
-      return false;
-    }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      c.writing = false;
-      if (c.writing_ctrl) {
-        c.ctrl.pop_front();
-      } else {
-        c.outq.pop_front();
-        pr.send_busy[msg % cfg_.nslots] = 0;
-      }
-    }
-    notify_progress();
-  }
-}
-
-bool TcpTransport::drain(Conn& c) {
-  Peer& pr = *peers_[c.peer];
-  for (;;) {
-    uint8_t* into = nullptr;
-    size_t want = 0;
-    switch (c.in) {
-      case Conn::In::Head:
-        into = reinterpret_cast<uint8_t*>(&c.head);
-        want = sizeof c.head;
-        break;
-      case Conn::In::MsgHeader: {
-        if (c.in_off == 0) {
-          // The message's slot must be free before a byte of it is read.
-          std::lock_guard<std::mutex> lock(mu_);
-          if (c.next_msg - pr.received >= cfg_.nslots) {
-            c.stalled = true;
-            pr.io_waiting = true;
-            return true;
-          }
-          c.stalled = false;
-        }
-        into = reinterpret_cast<uint8_t*>(&c.hdr);
-        want = sizeof c.hdr;
-        break;
-      }
-      case Conn::In::Payload:
-        into = pr.recv_mem.data() + (c.next_msg % cfg_.nslots) * slot_stride_ + kPayloadAt;
-        if (c.may_land) {
-          // Marked under the lock, so that stop_landing can wait for this recv() to return.
-          std::lock_guard<std::mutex> lock(mu_);
-          if (c.landing != nullptr) {
-            into = c.landing;
-            c.in_landing_recv = true;
-          }
-        }
-        want = c.hdr.bytes;
-        break;
-      case Conn::In::Reason:
-        into = reinterpret_cast<uint8_t*>(&c.reason[0]);
-        want = c.reason.size();
-        break;
-      case Conn::In::State:
-        into = reinterpret_cast<uint8_t*>(&c.state);
-        want = sizeof c.state;
-        break;
-    }
-    if (c.in_off < want) {
-      const ssize_t n = recv(c.fd, into + c.in_off, want - c.in_off, 0);
-      if (c.in == Conn::In::Payload && c.may_land) {
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          c.in_landing_recv = false;
-        }
-        landing_cv_.notify_all();
-      }
-      if (n > 0) {
-        c.in_off += static_cast<size_t>(n);
-      } else if (n == 0) {
-        std::unique_lock<std::mutex> lock(mu_);
-        const bool clean = c.said_bye && c.in == Conn::In::Head && c.in_off == 0;
-        lock.unlock();
-        if (clean) {
-          retire(c);
-          cv_.notify_all();
-        } else {
-          conn_failed(c, "the connection closed without a goodbye (its process exited or crashed)");
-        }
-        return false;
-      } else if (errno == EINTR) {
-        continue;
-      } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        return true;
-      } else {
-        conn_failed(c, detail::cat("recv: ", std::strerror(errno)));
-        return false;
-      }
-      if (c.in_off < want) continue;
-    }
-    // A part is complete.
-    c.in_off = 0;
-    switch (c.in) {
-      case Conn::In::Head: {
-        const std::string why = tcp::check_frame_head(c.head, cfg_.slot_bytes);
-        if (!why.empty()) {
-          conn_failed(c, detail::cat("it sent ", why));
-          return false;
-        }
-        const auto type = static_cast<tcp::FrameType>(c.head.type);
-        if (type == tcp::FrameType::Data) {
-          c.in = Conn::In::MsgHeader;
-        } else if (type == tcp::FrameType::Abort) {
-          c.reason.assign(c.head.len, '\0');
-          c.in = Conn::In::Reason;
-          if (c.head.len == 0) {
-            c.in = Conn::In::Head;
-            abort_group(detail::cat("rank ", c.peer, " aborted the group"));
-          }
-        } else if (type == tcp::FrameType::Query) {
-          // Answered by this thread, so a rank whose own thread is stuck in an op still answers.
-          const PeerState me = own_state();
-          tcp::StateBody body;
-          body.op_seq = me.op_seq;
-          body.blocked_on = me.blocked_on;
-          std::lock_guard<std::mutex> lock(mu_);
-          c.ctrl.push_back({tcp::FrameType::State,
-                            std::string(reinterpret_cast<const char*>(&body), sizeof body)});
-        } else if (type == tcp::FrameType::State) {
-          c.in = Conn::In::State;
-        } else {  // Bye
-          c.said_bye = true;
-          {
-            std::lock_guard<std::mutex> lock(mu_);
-            ++pr.byes;
-          }
-          cv_.notify_all();
-        }
-        break;
-      }
-      case Conn::In::MsgHeader: {
-        const std::string why = tcp::check_data_header(c.hdr, c.head.len);
-        if (!why.empty()) {
-          conn_failed(c, detail::cat("it sent ", why));
-          return false;
-        }
-        c.in = Conn::In::Payload;
-        if (c.hdr.bytes != 0) {
-          std::lock_guard<std::mutex> lock(mu_);
-          if (pr.land && c.next_msg >= pr.land_base) {
-            c.landing = static_cast<uint8_t*>(pr.land(c.next_msg - pr.land_base, c.hdr));
-            c.may_land = c.landing != nullptr;
-          }
-          break;
-        }
-        [[fallthrough]];
-      }
-      case Conn::In::Payload: {
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          const size_t s = c.next_msg % cfg_.nslots;
-          pr.recv_hdr[s] = c.hdr;
-          pr.recv_full[s] = 1;
-          pr.recv_landed[s] = c.landing;
-          if (c.landing != nullptr) landed_.fetch_add(1, std::memory_order_relaxed);
-          c.landing = nullptr;
-          c.may_land = false;
-        }
-        c.next_msg += cfg_.sockets;
-        c.in = Conn::In::Head;
-        notify_progress();
-        break;
-      }
-      case Conn::In::Reason:
-        c.in = Conn::In::Head;
-        abort_group(c.reason);
-        break;
-      case Conn::In::State: {
-        c.in = Conn::In::Head;
-        const std::string why = tcp::check_state_body(c.state, size_);
-        if (!why.empty()) {
-          conn_failed(c, detail::cat("it sent ", why));
-          return false;
-        }
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          pr.state = c.state;
-          ++pr.answers;
-        }
-        cv_.notify_all();
-        break;
-      }
-    }
-  }
-}
-
-// The descriptor stays open (shut down) until the transport goes: send_end may be using it from
-// another thread, and a closed number could be reused by an unrelated socket meanwhile.
-void TcpTransport::retire(Conn& c) {
-  if (c.closed) return;
-  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c.fd, nullptr);
-  shutdown(c.fd, SHUT_RDWR);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    c.closed = true;
-  }
-  cv_.notify_all();  // a wait for this connection's frames to leave ends here
-}
-
-void TcpTransport::conn_failed(Conn& c, const std::string& why) {
-  retire(c);
-  if (c.said_bye) {  // whatever happens after a goodbye is no failure
-    cv_.notify_all();
-    return;
-  }
-  abort_group(detail::cat("rank ", rank_, " lost its connection to rank ", c.peer, " (", c.remote,
-                          "): ", why));
-}
-
 // ---- the ring's side ---------------------------------------------------------------------------
 
 void TcpTransport::check_peer(int peer, const char* what) const {
@@ -1003,7 +274,7 @@ void TcpTransport::wait_until(std::unique_lock<std::mutex>& lock, Ready ready, i
       abort_group(msg);
       throw TimeoutError(msg);
     }
-    cv_.wait_until(lock, std::min(dl.at, Clock::now() + kMaxSleep));
+    cv_.wait_until(lock, std::min(dl.at, Clock::now() + tcp::kMaxSleep));
   }
 }
 
@@ -1014,7 +285,7 @@ void* TcpTransport::send_begin(int peer, const OpContext& op, const Deadline& dl
   const size_t s = pr.sent % cfg_.nslots;
   wait_until(lock, [&] { return !pr.send_busy[s]; }, peer,
              "a free slot: earlier messages are not on the wire yet", op, dl);
-  return pr.send_mem.data() + s * slot_stride_ + kPayloadAt;
+  return pr.send_mem.data() + s * slot_stride_ + tcp::kPayloadAt;
 }
 
 void TcpTransport::send_end(int peer, const MsgHeader& hdr) {
@@ -1025,8 +296,8 @@ void TcpTransport::send_end(int peer, const MsgHeader& hdr) {
   tcp::FrameHead h;
   h.type = static_cast<uint32_t>(tcp::FrameType::Data);
   h.len = static_cast<uint32_t>(sizeof(MsgHeader) + hdr.bytes);
-  std::memcpy(slot + kFrameAt, &h, sizeof h);
-  std::memcpy(slot + kHeaderAt, &hdr, sizeof hdr);
+  std::memcpy(slot + tcp::kFrameAt, &h, sizeof h);
+  std::memcpy(slot + tcp::kHeaderAt, &hdr, sizeof hdr);
   Conn* c;
   uint64_t k;
   {
@@ -1045,8 +316,8 @@ void TcpTransport::send_end(int peer, const MsgHeader& hdr) {
     c->inline_writer = true;
     c->out_off = 0;
   }
-  const uint8_t* data = slot + kFrameAt;
-  const size_t total = (kPayloadAt - kFrameAt) + hdr.bytes;
+  const uint8_t* data = slot + tcp::kFrameAt;
+  const size_t total = (tcp::kPayloadAt - tcp::kFrameAt) + hdr.bytes;
   size_t off = 0;
   int err = 0;
   bool wake = false;
@@ -1086,7 +357,7 @@ const void* TcpTransport::recv_begin(int peer, MsgHeader* hdr, const OpContext& 
   wait_until(lock, [&] { return pr.recv_full[s] != 0; }, peer, "its data", op, dl);
   *hdr = pr.recv_hdr[s];
   if (pr.recv_landed[s] != nullptr) return pr.recv_landed[s];
-  return pr.recv_mem.data() + s * slot_stride_ + kPayloadAt;
+  return pr.recv_mem.data() + s * slot_stride_ + tcp::kPayloadAt;
 }
 
 void TcpTransport::recv_end(int peer) {
@@ -1110,7 +381,7 @@ void* TcpTransport::try_send_begin(int peer) {
   if (aborted_) throw AbortedError(detail::cat("rank ", rank_, ": the group was aborted: ", reason_));
   const size_t s = pr.sent % cfg_.nslots;
   if (pr.send_busy[s]) return nullptr;
-  return pr.send_mem.data() + s * slot_stride_ + kPayloadAt;
+  return pr.send_mem.data() + s * slot_stride_ + tcp::kPayloadAt;
 }
 
 const void* TcpTransport::try_recv_begin(int peer, MsgHeader* hdr) {
@@ -1122,7 +393,7 @@ const void* TcpTransport::try_recv_begin(int peer, MsgHeader* hdr) {
   if (!pr.recv_full[s]) return nullptr;
   *hdr = pr.recv_hdr[s];
   if (pr.recv_landed[s] != nullptr) return pr.recv_landed[s];
-  return pr.recv_mem.data() + s * slot_stride_ + kPayloadAt;
+  return pr.recv_mem.data() + s * slot_stride_ + tcp::kPayloadAt;
 }
 
 void TcpTransport::land_recvs(int peer, LandFn land) {
@@ -1158,7 +429,7 @@ void TcpTransport::wait_doorbell(uint32_t seen, std::chrono::nanoseconds at_most
   if (doorbell_.value.load(std::memory_order_acquire) != seen) return;
   doorbell_.sleepers.fetch_add(1, std::memory_order_seq_cst);
   if (doorbell_.value.load(std::memory_order_seq_cst) == seen) {
-    futex::wait(&doorbell_.value, seen, std::min<std::chrono::nanoseconds>(at_most, kMaxSleep));
+    futex::wait(&doorbell_.value, seen, std::min<std::chrono::nanoseconds>(at_most, tcp::kMaxSleep));
   }
   doorbell_.sleepers.fetch_sub(1, std::memory_order_seq_cst);
 }

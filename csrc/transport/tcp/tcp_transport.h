@@ -42,6 +42,7 @@
 #include <thread>
 #include <vector>
 
+#include "transport/tcp/address.h"
 #include "transport/tcp/wire.h"
 #include "transport/transport.h"
 #include "transport/wait.h"
@@ -72,12 +73,6 @@ struct TcpHooks {
   // so that peers on the other side (which read it from shared memory) see it too.
   std::function<void(uint64_t op_seq, int32_t blocked_on)> note_state;
 };
-
-// The IPv4 address to listen on: that of interface `ifname` when given (RINGREDUCE_SOCKET_IFNAME),
-// else the local address the kernel would use to reach `peer_host` (the store's host), else that
-// of this host's name; "127.0.0.1" when nothing else is found. Throws if `ifname` has no IPv4
-// address, listing the interfaces that have one.
-std::string choose_listen_address(const std::string& ifname, const std::string& peer_host);
 
 class TcpTransport final : public Transport {
  public:
@@ -126,6 +121,7 @@ class TcpTransport final : public Transport {
   void io_loop();
   void accept_all();
   void service_pending(Conn& c);
+  void drop_late_hellos();
   void service(Conn& c);
   bool flush(Conn& c);   // false: the connection failed
   bool drain(Conn& c);   // false: the connection failed or ended
