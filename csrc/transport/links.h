@@ -13,6 +13,7 @@
 #include "transport/hosts.h"
 #include "transport/routed.h"
 #include "transport/shm/shm_transport.h"
+#include "transport/tcp/address.h"  // choose_listen_address, for LinkOptions::listen_address
 #include "transport/tcp/tcp_transport.h"
 
 namespace ringreduce {

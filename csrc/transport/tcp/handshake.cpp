@@ -1,7 +1,9 @@
 // Both ends of a connection's set-up: the higher rank of a pair connects and says hello
-// (connect_to), the lower one's I/O thread accepts and checks the hello before it answers
+// (connect_and_greet), the lower one's I/O thread accepts and checks the hello before it answers
 // (accept_all, service_pending); a connection whose hello is wrong, garbled or late is dropped
-// with the reason logged.
+// with the reason logged, and the job goes on.
+#include "transport/tcp/handshake.h"
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -13,6 +15,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <random>
 #include <thread>
 
 #include "common/error.h"
@@ -20,15 +23,33 @@
 #include "transport/tcp/conn.h"
 
 namespace ringreduce {
+namespace tcp {
 
 namespace {
 
-// An accepted connection must deliver its whole tcp::Hello within this time.
-constexpr std::chrono::milliseconds kHelloTimeout{5000};
+std::string hex(const uint8_t* p, size_t n) {
+  static const char* digits = "0123456789abcdef";
+  std::string s;
+  for (size_t i = 0; i < n; ++i) {
+    s += digits[p[i] >> 4];
+    s += digits[p[i] & 15];
+  }
+  return s;
+}
 
-void set_nodelay(int fd) {
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);  // best effort: latency only
+bool unhex(const std::string& s, uint8_t* out, size_t n) {
+  if (s.size() != 2 * n) return false;
+  auto val = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  for (size_t i = 0; i < n; ++i) {
+    const int hi = val(s[2 * i]), lo = val(s[2 * i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    out[i] = static_cast<uint8_t>(hi * 16 + lo);
+  }
+  return true;
 }
 
 // Waits for `events` on fd until the deadline; false on timeout.
@@ -45,16 +66,55 @@ bool poll_until(int fd, short events, const Deadline& dl) {
 
 }  // namespace
 
-void TcpTransport::connect_to(int peer, uint32_t socket_index, const std::string& where,
-                              const Deadline& dl) {
+Handshake::Handshake(Bootstrap& bs, const std::string& prefix, int rank, int size, uint32_t sockets,
+                     uint64_t slot_bytes) {
+  // The job's secret: drawn by rank 0, shared through the store, which every rank already trusts.
+  const std::string secret_key = prefix + "tcp/secret";
+  if (rank == 0) {
+    std::random_device rd;
+    for (size_t i = 0; i < kSecretBytes; ++i) expect_.secret[i] = static_cast<uint8_t>(rd());
+    bs.set(secret_key, hex(expect_.secret, kSecretBytes));
+  } else {
+    RR_CHECK(unhex(bs.get(secret_key), expect_.secret, kSecretBytes),
+             "ringreduce tcp: rank ", rank, ": the store holds a malformed job secret");
+  }
+  expect_.world = size;
+  expect_.sockets = sockets;
+  expect_.group = group_id(prefix);
+  expect_.slot_bytes = slot_bytes;
+  hello_.rank = rank;
+  hello_.world = size;
+  hello_.sockets = sockets;
+  hello_.group = expect_.group;
+  hello_.slot_bytes = slot_bytes;
+  std::memcpy(hello_.secret, expect_.secret, kSecretBytes);
+}
+
+Hello Handshake::ours(uint32_t socket) const {
+  Hello h = hello_;
+  h.socket = socket;
+  return h;
+}
+
+std::string Handshake::check(const uint8_t* bytes, size_t n, Hello* theirs) const {
+  return check_hello(bytes, n, expect_, theirs);
+}
+
+void set_nodelay(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);  // best effort: latency only
+}
+
+int connect_and_greet(const Handshake& hs, int rank, int peer, uint32_t socket_index,
+                      const std::string& where, const Deadline& dl, std::chrono::milliseconds timeout) {
   sockaddr_in addr{};
-  RR_CHECK(tcp::parse_address(where, &addr), "ringreduce tcp: rank ", peer,
+  RR_CHECK(parse_address(where, &addr), "ringreduce tcp: rank ", peer,
            " published a malformed address '", where, "'");
   int fd = -1;
   std::string last_error = "no attempt";
   while (!dl.passed()) {
     fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    RR_SYSCHECK(fd >= 0, "ringreduce tcp: rank ", rank_, " cannot create a socket");
+    RR_SYSCHECK(fd >= 0, "ringreduce tcp: rank ", rank, " cannot create a socket");
     int rc = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
     if (rc != 0 && errno == EINPROGRESS) {
       if (poll_until(fd, POLLOUT, dl)) {
@@ -74,17 +134,11 @@ void TcpTransport::connect_to(int peer, uint32_t socket_index, const std::string
     // Refused or unreachable for a moment (a listener's backlog full, a route coming up): retry.
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  RR_CHECK(fd >= 0, "ringreduce tcp: rank ", rank_, " could not connect to rank ", peer, " at ",
-           where, " within ", cfg_.connect_timeout.count(), " ms: ", last_error);
-  auto c = std::make_unique<Conn>();
-  c->fd = fd;
-  c->peer = peer;
-  c->socket = socket_index;
-  c->remote = where;
+  RR_CHECK(fd >= 0, "ringreduce tcp: rank ", rank, " could not connect to rank ", peer, " at ",
+           where, " within ", timeout.count(), " ms: ", last_error);
   try {
     set_nodelay(fd);
-    tcp::Hello mine = hello_;
-    mine.socket = socket_index;
+    const Hello mine = hs.ours(socket_index);
     size_t done = 0;
     while (done < sizeof mine) {
       const ssize_t n = send(fd, reinterpret_cast<const uint8_t*>(&mine) + done, sizeof mine - done,
@@ -92,37 +146,51 @@ void TcpTransport::connect_to(int peer, uint32_t socket_index, const std::string
       if (n > 0) {
         done += static_cast<size_t>(n);
       } else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-        RR_CHECK(poll_until(fd, POLLOUT, dl), "ringreduce tcp: rank ", rank_,
+        RR_CHECK(poll_until(fd, POLLOUT, dl), "ringreduce tcp: rank ", rank,
                  " timed out sending its hello to rank ", peer, " at ", where);
       } else {
-        RR_SYSCHECK(false, "ringreduce tcp: rank ", rank_, " cannot send its hello to rank ", peer,
+        RR_SYSCHECK(false, "ringreduce tcp: rank ", rank, " cannot send its hello to rank ", peer,
                     " at ", where);
       }
     }
-    uint8_t buf[sizeof(tcp::Hello)];
+    uint8_t buf[sizeof(Hello)];
     size_t got = 0;
     while (got < sizeof buf) {
       const ssize_t n = recv(fd, buf + got, sizeof buf - got, 0);
       if (n > 0) {
         got += static_cast<size_t>(n);
       } else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-        RR_CHECK(poll_until(fd, POLLIN, dl), "ringreduce tcp: rank ", rank_, " timed out waiting for rank ",
+        RR_CHECK(poll_until(fd, POLLIN, dl), "ringreduce tcp: rank ", rank, " timed out waiting for rank ",
                  peer, " at ", where, " to answer its hello");
       } else {
         RR_CHECK(false, "ringreduce tcp: rank ", peer, " at ", where, " closed the connection of rank ",
-                 rank_, " during the handshake", n < 0 ? detail::cat(": ", std::strerror(errno)) : "");
+                 rank, " during the handshake", n < 0 ? detail::cat(": ", std::strerror(errno)) : "");
       }
     }
-    tcp::Hello theirs;
-    const std::string why = tcp::check_hello(buf, got, expect_, &theirs);
+    Hello theirs;
+    const std::string why = hs.check(buf, got, &theirs);
     RR_CHECK(why.empty() && theirs.rank == peer && theirs.socket == socket_index,
-             "ringreduce tcp: rank ", rank_, ": the listener at ", where, " (rank ", peer,
+             "ringreduce tcp: rank ", rank, ": the listener at ", where, " (rank ", peer,
              "'s address) answered with ",
              why.empty() ? detail::cat("the hello of rank ", theirs.rank, " socket ", theirs.socket) : why);
   } catch (...) {
     close(fd);
     throw;
   }
+  return fd;
+}
+
+}  // namespace tcp
+
+void TcpTransport::connect_to(int peer, uint32_t socket_index, const std::string& where,
+                              const Deadline& dl) {
+  const int fd = tcp::connect_and_greet(handshake_, rank_, peer, socket_index, where, dl,
+                                        cfg_.connect_timeout);
+  auto c = std::make_unique<Conn>();
+  c->fd = fd;
+  c->peer = peer;
+  c->socket = socket_index;
+  c->remote = where;
   std::lock_guard<std::mutex> lock(mu_);
   c->established = true;
   peers_[peer]->conns[socket_index] = c.get();
@@ -142,7 +210,7 @@ void TcpTransport::accept_all() {
     auto c = std::make_unique<Conn>();
     c->fd = fd;
     c->remote = tcp::sockaddr_text(from);
-    c->hello_deadline = Clock::now() + kHelloTimeout;
+    c->hello_deadline = Clock::now() + tcp::kHelloTimeout;
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.ptr = c.get();
@@ -176,7 +244,7 @@ void TcpTransport::service_pending(Conn& c) {
     return drop(detail::cat("recv: ", std::strerror(errno)));
   }
   tcp::Hello theirs;
-  std::string why = tcp::check_hello(c.hello, c.hello_got, expect_, &theirs);
+  std::string why = handshake_.check(c.hello, c.hello_got, &theirs);
   // Check the bytes that follow the hello too: a valid peer sends nothing before our answer.
   if (why.empty()) {
     uint8_t extra;
@@ -196,14 +264,13 @@ void TcpTransport::service_pending(Conn& c) {
     lock.unlock();
     return drop(why);
   }
-  tcp::Hello mine = hello_;
-  mine.socket = theirs.socket;
+  const tcp::Hello mine = handshake_.ours(theirs.socket);
   const ssize_t sent = send(c.fd, &mine, sizeof mine, MSG_NOSIGNAL | MSG_DONTWAIT);
   if (sent != static_cast<ssize_t>(sizeof mine)) {
     lock.unlock();
     return drop("could not answer its hello");
   }
-  set_nodelay(c.fd);
+  tcp::set_nodelay(c.fd);
   c.peer = theirs.rank;
   c.socket = theirs.socket;
   c.next_msg = theirs.socket;
@@ -225,7 +292,7 @@ void TcpTransport::drop_late_hellos() {
     Conn& c = **it;
     if (now >= c.hello_deadline) {
       log(detail::cat("dropped a connection from ", c.remote, ": no complete hello within ",
-                      kHelloTimeout.count(), " ms (", c.hello_got, " of ", sizeof(tcp::Hello), " bytes)"));
+                      tcp::kHelloTimeout.count(), " ms (", c.hello_got, " of ", sizeof(tcp::Hello), " bytes)"));
       ++rejected_;
       close(c.fd);
       it = pending_.erase(it);

@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <random>
 
 #include "common/error.h"
 #include "transport/tcp/address.h"
@@ -29,31 +28,6 @@ constexpr std::chrono::milliseconds kAbortFlushTimeout{1000};
 
 size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
 
-std::string hex(const uint8_t* p, size_t n) {
-  static const char* digits = "0123456789abcdef";
-  std::string s;
-  for (size_t i = 0; i < n; ++i) {
-    s += digits[p[i] >> 4];
-    s += digits[p[i] & 15];
-  }
-  return s;
-}
-
-bool unhex(const std::string& s, uint8_t* out, size_t n) {
-  if (s.size() != 2 * n) return false;
-  auto val = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    return -1;
-  };
-  for (size_t i = 0; i < n; ++i) {
-    const int hi = val(s[2 * i]), lo = val(s[2 * i + 1]);
-    if (hi < 0 || lo < 0) return false;
-    out[i] = static_cast<uint8_t>(hi * 16 + lo);
-  }
-  return true;
-}
-
 }  // namespace
 
 TcpTransport::TcpTransport(Bootstrap& bs, const std::string& prefix, int rank, int size,
@@ -70,27 +44,8 @@ TcpTransport::TcpTransport(Bootstrap& bs, const std::string& prefix, int rank, i
   RR_CHECK(cfg.sockets >= 1 && cfg.sockets <= 64, "ringreduce tcp: sockets per peer must be in [1, 64], got ",
            cfg.sockets);
   slot_stride_ = round_up(tcp::kPayloadAt + cfg.slot_bytes, 64);
+  handshake_ = tcp::Handshake(bs, prefix, rank, size, cfg.sockets, cfg.slot_bytes);
 
-  // The job's secret: drawn by rank 0, shared through the store, which every rank already trusts.
-  const std::string secret_key = prefix + "tcp/secret";
-  if (rank == 0) {
-    std::random_device rd;
-    for (size_t i = 0; i < tcp::kSecretBytes; ++i) expect_.secret[i] = static_cast<uint8_t>(rd());
-    bs.set(secret_key, hex(expect_.secret, tcp::kSecretBytes));
-  } else {
-    RR_CHECK(unhex(bs.get(secret_key), expect_.secret, tcp::kSecretBytes),
-             "ringreduce tcp: rank ", rank, ": the store holds a malformed job secret");
-  }
-  expect_.world = size;
-  expect_.sockets = cfg.sockets;
-  expect_.group = tcp::group_id(prefix);
-  expect_.slot_bytes = cfg.slot_bytes;
-  hello_.rank = rank;
-  hello_.world = size;
-  hello_.sockets = cfg.sockets;
-  hello_.group = expect_.group;
-  hello_.slot_bytes = cfg.slot_bytes;
-  std::memcpy(hello_.secret, expect_.secret, tcp::kSecretBytes);
 
   peers_.resize(size);
   for (int p = 0; p < size; ++p) {

@@ -28,6 +28,10 @@
 // A wait that times out follows the chain of waits by asking peers where they stand (Query and
 // State frames, answered by their I/O threads), so the error names the rank that holds the group
 // up, not just the neighbour it waited for.
+//
+// The code, by part: address.h (which address to listen on and publish), handshake.h (the Hello
+// both ways), io_loop.cpp (the I/O thread), conn.h (the state per peer and per connection that
+// those share), tcp_transport.cpp (set-up, teardown and the Transport calls).
 #pragma once
 
 #include <atomic>
@@ -42,7 +46,7 @@
 #include <thread>
 #include <vector>
 
-#include "transport/tcp/address.h"
+#include "transport/tcp/handshake.h"
 #include "transport/tcp/wire.h"
 #include "transport/transport.h"
 #include "transport/wait.h"
@@ -127,7 +131,6 @@ class TcpTransport final : public Transport {
   bool drain(Conn& c);   // false: the connection failed or ended
   void conn_failed(Conn& c, const std::string& why);
   void retire(Conn& c);
-  void adopt(std::unique_ptr<Conn> c, int peer, uint32_t socket);
   void update_interest(Conn& c);
   void wake_io();
   void notify_progress();
@@ -145,8 +148,7 @@ class TcpTransport final : public Transport {
   int size_;
   TcpConfig cfg_;
   TcpHooks hooks_;
-  tcp::HelloExpect expect_;
-  tcp::Hello hello_;  // ours, with rank and secret; socket set per connection
+  tcp::Handshake handshake_;
   std::string address_;
   size_t slot_stride_ = 0;
 
