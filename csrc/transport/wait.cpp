@@ -7,6 +7,8 @@
 #include <climits>
 #include <ctime>
 
+#include "common/error.h"
+
 namespace ringreduce {
 namespace futex {
 
@@ -26,4 +28,31 @@ void wake_all(std::atomic<uint32_t>* word) {
 }
 
 }  // namespace futex
+
+void throw_aborted(const OpContext& op, int rank, const std::string& why) {
+  throw AbortedError(op_prefix(op.name, op.seq, rank) + "the group was aborted: " + why);
+}
+
+void throw_aborted(int rank, const std::string& why) {
+  throw AbortedError(detail::cat("rank ", rank, ": the group was aborted: ", why));
+}
+
+void PeerWait::peer_gone(const char* verb, const std::string& why) const {
+  const std::string msg = detail::cat("ringreduce ", op_.name, " #", op_.seq, ": rank ", t_.rank(),
+                                      " ", verb, " rank ", peer_, " (", waiting_for_, "), ", why);
+  t_.abort_group(msg);  // the others learn why from here, not from this rank's own departure
+  throw Error(msg);
+}
+
+void PeerWait::timed_out(const char* over) const {
+  const std::string msg =
+      detail::cat(op_prefix(op_.name, op_.seq, t_.rank()), "Timed out after ", op_.timeout.count(),
+                  " ms waiting for rank ", peer_, " (", waiting_for_, ")", over, "; ",
+                  follow_waits(view_, peer_, op_));
+  const std::string earlier = view_.abort_reason();
+  if (!earlier.empty()) aborted(earlier);
+  t_.abort_group(msg);
+  throw TimeoutError(msg);
+}
+
 }  // namespace ringreduce

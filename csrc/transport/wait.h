@@ -1,16 +1,30 @@
-// Waiting on a 32-bit counter in shared memory: spin briefly, then sleep on a futex.
+// How a transport waits, in one place: the mechanics (a 32-bit counter to sleep on, spinning
+// first) and the deadline policy every wait follows (PeerWait).
 //
 // The machines we run on can have more ranks than cores (4 ranks on 2 cores in CI), so a rank that
-// spins while its peer needs the core slows the peer down. We spin for a short, configurable time
-// (a hand-off between two running ranks is then a few hundred nanoseconds), then sleep in the
-// kernel until the writer wakes us. Every sleep is bounded so deadlines and aborts are noticed.
+// spins while its peer needs the core slows the peer down. A wait spins for a short, configurable
+// time (a hand-off between two running ranks is then a few hundred nanoseconds), then sleeps in
+// the kernel until the writer wakes it (a futex over shared memory, a condition variable over
+// TCP). Every sleep is bounded by kMaxSleep so that deadlines, aborts and dead peers are noticed
+// even when no wake-up comes.
+//
+// Shared memory and TCP wait this way; CUDA IPC waits through the shared-memory transport that
+// carries its control.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <string>
+
+#include "common/deadline.h"
+#include "transport/transport.h"
 
 namespace ringreduce {
+
+// A wait re-checks its deadline, the group's abort and its peer's liveness at least this often.
+constexpr std::chrono::milliseconds kMaxSleep{100};
 
 // The counter a waiter sleeps on, with the number of sleepers beside it so that a writer only
 // makes the wake-up system call when somebody is actually asleep. Both live in shared memory.
@@ -41,5 +55,73 @@ inline void cpu_relax() {
   asm volatile("yield" ::: "memory");
 #endif
 }
+
+// Adds one to `w` (a doorbell) and wakes its sleepers.
+inline void bump(WaitWord& w) {
+  w.value.fetch_add(1, std::memory_order_seq_cst);
+  if (w.sleepers.load(std::memory_order_seq_cst) != 0) futex::wake_all(&w.value);
+}
+
+// Polls ready() with a pause between tries for at most `at_most`; whether it came true.
+template <class Ready>
+bool spin_until(Ready ready, std::chrono::nanoseconds at_most) {
+  const auto until = Clock::now() + at_most;
+  for (unsigned i = 1;; ++i) {
+    if (ready()) return true;
+    cpu_relax();
+    if ((i & 63) == 0 && Clock::now() >= until) return false;
+  }
+}
+
+// One sleep on `w`, at most `at_most`, while stay(its value) holds. The sleeper is counted first
+// and the value read after: pairs with publish() and bump(), so no wake-up is lost.
+template <class Stay>
+void sleep_on(WaitWord& w, std::chrono::nanoseconds at_most, Stay stay) {
+  w.sleepers.fetch_add(1, std::memory_order_seq_cst);
+  const uint32_t v = w.value.load(std::memory_order_seq_cst);
+  if (stay(v)) futex::wait(&w.value, v, at_most);
+  w.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+}
+
+// The error of an op that found its group aborted: "ringreduce <op> #<seq>: rank r: the group was
+// aborted: <why>", and that of a call outside any op (the non-blocking forms).
+[[noreturn]] void throw_aborted(const OpContext& op, int rank, const std::string& why);
+[[noreturn]] void throw_aborted(int rank, const std::string& why);
+
+// One wait of transport `t` for `peer` in `op`: what ends it when its data does not come, and the
+// errors it ends with. Every transport's wait loop asks it, between sleeps of at most nap():
+//  - the group was aborted: aborted(why) throws AbortedError;
+//  - the peer is known to be gone: peer_gone() aborts the group and throws Error, "ringreduce
+//    <op> #<seq>: rank r <verb> rank p (<waiting_for>), <why>";
+//  - expired(): timed_out() throws TimeoutError "...: Timed out after T ms waiting for rank p
+//    (<waiting_for>)<over>; <who holds the group up>" and aborts the group with it, so the other
+//    ranks fail now rather than at their own deadlines, unless another rank's abort came in
+//    meanwhile: that was an earlier timeout, which saw more of the chain, and it wins.
+// The calls that abort the group take the transport's locks: call them with none held.
+class PeerWait {
+ public:
+  // `view` follows chains of waits and knows the group's abort (the transport's chain_view()).
+  PeerWait(Transport& t, Transport& view, int peer, const char* waiting_for, const OpContext& op,
+           const Deadline& dl)
+      : t_(t), view_(view), peer_(peer), waiting_for_(waiting_for), op_(op), dl_(dl) {}
+
+  bool expired() const { return dl_.passed(); }
+  // How long the next sleep may last.
+  std::chrono::nanoseconds nap() const {
+    return std::min<std::chrono::nanoseconds>(dl_.remaining(), kMaxSleep);
+  }
+  [[noreturn]] void aborted(const std::string& why) const { throw_aborted(op_, t_.rank(), why); }
+  [[noreturn]] void peer_gone(const char* verb, const std::string& why) const;
+  // `over` names the link where that helps (" over TCP").
+  [[noreturn]] void timed_out(const char* over) const;
+
+ private:
+  Transport& t_;
+  Transport& view_;
+  int peer_;
+  const char* waiting_for_;
+  const OpContext& op_;
+  const Deadline& dl_;
+};
 
 }  // namespace ringreduce

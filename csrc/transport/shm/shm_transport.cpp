@@ -27,9 +27,6 @@ constexpr uint64_t kMagic = 0x7272696e67726564ULL;  // "rringred"
 constexpr size_t kPage = 4096;
 constexpr size_t kSlotHeaderBytes = 64;  // MsgHeader, padded so payloads start 64-byte aligned
 constexpr size_t kReasonBytes = 2048;
-// Sleep at most this long at a time, so a wait notices its deadline and a stopped peer's abort
-// even if no wake-up reaches it.
-constexpr std::chrono::milliseconds kMaxSleep{100};
 
 size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
 
@@ -376,24 +373,20 @@ void ShmTransport::check_peer(int peer, const char* what) const {
 }
 
 void ShmTransport::throw_aborted(const OpContext& op) const {
-  throw AbortedError(detail::cat("ringreduce ", op.name, " #", op.seq, ": rank ", rank_,
-                                 ": the group was aborted: ", abort_reason()));
+  ringreduce::throw_aborted(op, rank_, abort_reason());
 }
 
 template <class Ready, class Check>
 void ShmTransport::wait_until(WaitWord& word, Ready ready, int peer, const char* waiting_for,
                               const OpContext& op, const Deadline& dl, Check check) {
-  if (ready(word.value.load(std::memory_order_acquire))) return;
+  auto now_ready = [&] { return ready(word.value.load(std::memory_order_acquire)); };
+  if (now_ready()) return;
   Segment* own = segment(rank_);
-  if (own->aborted.load(std::memory_order_acquire)) throw_aborted(op);
+  auto is_aborted = [own] { return own->aborted.load(std::memory_order_acquire) != 0; };
+  if (is_aborted()) throw_aborted(op);
 
   // Spin first: when the peer is running, the hand-off is a cache-line transfer away.
-  const auto spin_until = Clock::now() + cfg_.spin;
-  for (unsigned i = 1;; ++i) {
-    cpu_relax();
-    if (ready(word.value.load(std::memory_order_acquire))) return;
-    if ((i & 63) == 0 && Clock::now() >= spin_until) break;
-  }
+  if (spin_until(now_ready, cfg_.spin)) return;
 
   // From here on we yield or sleep: say on whom, so a peer that times out can follow the chain.
   own->blocked_on.store(peer, std::memory_order_relaxed);
@@ -405,48 +398,27 @@ void ShmTransport::wait_until(WaitWord& word, Ready ready, int peer, const char*
     const auto yield_until = Clock::now() + cfg_.yield;
     do {
       sched_yield();
-      if (ready(word.value.load(std::memory_order_acquire))) return;
-      if (own->aborted.load(std::memory_order_acquire)) throw_aborted(op);
+      if (now_ready()) return;
+      if (is_aborted()) throw_aborted(op);
     } while (Clock::now() < yield_until);
     check();
   }
+  const PeerWait w(*this, chain_view(), peer, waiting_for, op, dl);
   for (;;) {
-    if (own->aborted.load(std::memory_order_acquire)) throw_aborted(op);
-    if (dl.passed()) {
-      const std::string msg = detail::cat(
-          "ringreduce ", op.name, " #", op.seq, ": rank ", rank_, ": Timed out after ",
-          op.timeout.count(), " ms waiting for rank ", peer, " (", waiting_for, "); ",
-          follow_waits(chain_view(), peer, op));
-      // An abort that came in meanwhile is an earlier rank's timeout, which saw more of the chain
-      // (this rank may have found that rank no longer waiting).
-      const std::string earlier = chain_view().abort_reason();
-      if (!earlier.empty()) {
-        throw AbortedError(detail::cat("ringreduce ", op.name, " #", op.seq, ": rank ", rank_,
-                                       ": the group was aborted: ", earlier));
-      }
-      abort_group(msg);  // let every other rank fail now rather than at its own deadline
-      throw TimeoutError(msg);
-    }
-    // Announce the sleep, then re-check: pairs with publish() so no wake-up is lost.
-    word.sleepers.fetch_add(1, std::memory_order_seq_cst);
-    const uint32_t v = word.value.load(std::memory_order_seq_cst);
-    if (!ready(v) && !own->aborted.load(std::memory_order_seq_cst)) {
-      futex::wait(&word.value, v, std::min<std::chrono::nanoseconds>(dl.remaining(), kMaxSleep));
-    }
-    word.sleepers.fetch_sub(1, std::memory_order_seq_cst);
-    if (ready(word.value.load(std::memory_order_acquire))) return;
+    if (is_aborted()) throw_aborted(op);
+    if (w.expired()) w.timed_out("");
+    sleep_on(word, w.nap(), [&](uint32_t v) {
+      return !ready(v) && !own->aborted.load(std::memory_order_seq_cst);
+    });
+    if (now_ready()) return;
     // Woken without progress (at most every kMaxSleep): a peer that died is not waited for until
     // the deadline. An abort comes first: a rank that failed for another reason and then exited
     // has said why.
-    if (own->aborted.load(std::memory_order_acquire)) throw_aborted(op);
+    if (is_aborted()) throw_aborted(op);
     check();
     const int32_t pid = segment(peer)->pid;
     if (peer_gone(peer)) {
-      const std::string msg = detail::cat(
-          "ringreduce ", op.name, " #", op.seq, ": rank ", rank_, " was waiting for rank ", peer,
-          " (", waiting_for, "), whose process (pid ", pid, ") has died");
-      abort_group(msg);
-      throw Error(msg);
+      w.peer_gone("was waiting for", detail::cat("whose process (pid ", pid, ") has died"));
     }
   }
 }
@@ -534,7 +506,7 @@ void ShmTransport::recv_end(int peer) {
 void* ShmTransport::try_send_begin(int peer) {
   check_peer(peer, "send");
   if (segment(rank_)->aborted.load(std::memory_order_acquire)) {
-    throw AbortedError(detail::cat("rank ", rank_, ": the group was aborted: ", abort_reason()));
+    ringreduce::throw_aborted(rank_, abort_reason());
   }
   const uint32_t seq = static_cast<uint32_t>(sent_[peer]);
   const uint32_t tail = fifo(peer, rank_)->tail.value.load(std::memory_order_acquire);
@@ -545,7 +517,7 @@ void* ShmTransport::try_send_begin(int peer) {
 const void* ShmTransport::try_recv_begin(int peer, MsgHeader* hdr) {
   check_peer(peer, "receive");
   if (segment(rank_)->aborted.load(std::memory_order_acquire)) {
-    throw AbortedError(detail::cat("rank ", rank_, ": the group was aborted: ", abort_reason()));
+    ringreduce::throw_aborted(rank_, abort_reason());
   }
   const uint32_t want = static_cast<uint32_t>(received_[peer]);
   const uint32_t head = fifo(rank_, peer)->head.value.load(std::memory_order_acquire);
@@ -645,11 +617,7 @@ void ShmTransport::wait_all(const OpContext& op, const Deadline& dl) {
   }
 }
 
-void ShmTransport::ring(int owner) {
-  WaitWord& w = segment(owner)->doorbell;
-  w.value.fetch_add(1, std::memory_order_seq_cst);
-  if (w.sleepers.load(std::memory_order_seq_cst) != 0) futex::wake_all(&w.value);
-}
+void ShmTransport::ring(int owner) { bump(segment(owner)->doorbell); }
 
 uint32_t ShmTransport::doorbell() const {
   return segment(rank_)->doorbell.value.load(std::memory_order_seq_cst);
@@ -660,18 +628,11 @@ void ShmTransport::ring_doorbell() { ring(rank_); }
 void ShmTransport::wait_doorbell(uint32_t seen, std::chrono::nanoseconds at_most) {
   WaitWord& w = segment(rank_)->doorbell;
   Segment* own = segment(rank_);
-  const auto until = Clock::now() + std::min<std::chrono::nanoseconds>(at_most, cfg_.spin);
-  for (unsigned i = 1;; ++i) {
-    if (w.value.load(std::memory_order_acquire) != seen) return;
-    cpu_relax();
-    if ((i & 63) == 0 && Clock::now() >= until) break;
-  }
-  w.sleepers.fetch_add(1, std::memory_order_seq_cst);
-  if (w.value.load(std::memory_order_seq_cst) == seen &&
-      !own->aborted.load(std::memory_order_seq_cst)) {
-    futex::wait(&w.value, seen, std::min<std::chrono::nanoseconds>(at_most, kMaxSleep));
-  }
-  w.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+  auto moved = [&] { return w.value.load(std::memory_order_acquire) != seen; };
+  if (spin_until(moved, std::min<std::chrono::nanoseconds>(at_most, cfg_.spin))) return;
+  sleep_on(w, std::min<std::chrono::nanoseconds>(at_most, kMaxSleep), [&](uint32_t v) {
+    return v == seen && !own->aborted.load(std::memory_order_seq_cst);
+  });
 }
 
 void ShmTransport::abort_group(const std::string& why) {

@@ -21,8 +21,6 @@ namespace tcp {
 constexpr size_t kFrameAt = 24;
 constexpr size_t kHeaderAt = 32;
 constexpr size_t kPayloadAt = 64;
-// A wait re-checks aborts (its own and the rest of the group's) at least this often.
-constexpr std::chrono::milliseconds kMaxSleep{100};
 
 }  // namespace tcp
 

@@ -18,6 +18,9 @@ namespace ringreduce {
 
 namespace {
 
+// The loop wakes at least this often, to drop accepted connections whose Hello is late.
+constexpr std::chrono::milliseconds kIdleWake{100};
+
 void set_nonblocking(int fd) {
   const int flags = fcntl(fd, F_GETFL, 0);
   RR_SYSCHECK(flags >= 0 && fcntl(fd, F_SETFL, flags | O_NONBLOCK) == 0,
@@ -39,15 +42,14 @@ void TcpTransport::notify_progress() {
   if (hooks_.ring_doorbell) {
     hooks_.ring_doorbell();
   } else {
-    doorbell_.value.fetch_add(1, std::memory_order_seq_cst);
-    if (doorbell_.sleepers.load(std::memory_order_seq_cst) != 0) futex::wake_all(&doorbell_.value);
+    bump(doorbell_);
   }
 }
 
 void TcpTransport::io_loop() {
   epoll_event events[64];
   while (!stop_.load()) {
-    const int n = epoll_wait(epoll_fd_, events, 64, static_cast<int>(tcp::kMaxSleep.count()));
+    const int n = epoll_wait(epoll_fd_, events, 64, static_cast<int>(kIdleWake.count()));
     bool woken = false;
     for (int i = 0; i < n; ++i) {
       void* tag = events[i].data.ptr;

@@ -175,11 +175,6 @@ void TcpTransport::check_peer(int peer, const char* what) const {
            " on rank ", rank_, " names peer ", peer, ", which is not connected over TCP");
 }
 
-void TcpTransport::throw_aborted(const OpContext& op, const std::string& why) const {
-  throw AbortedError(detail::cat("ringreduce ", op.name, " #", op.seq, ": rank ", rank_,
-                                 ": the group was aborted: ", why));
-}
-
 template <class Ready>
 void TcpTransport::wait_until(std::unique_lock<std::mutex>& lock, Ready ready, int peer,
                               const char* waiting_for, const OpContext& op, const Deadline& dl) {
@@ -197,39 +192,27 @@ void TcpTransport::wait_until(std::unique_lock<std::mutex>& lock, Ready ready, i
       if (t.hooks_.note_state) t.hooks_.note_state(at, -1);
     }
   } unblock{*this, op.seq + 1};
+  const PeerWait w(*this, chain_view(), peer, waiting_for, op, dl);
   for (;;) {
     if (ready()) return;
-    if (aborted_) throw_aborted(op, reason_);
+    if (aborted_) w.aborted(reason_);
     if (hooks_.external_abort) {
       const std::string elsewhere = hooks_.external_abort();
       if (!elsewhere.empty()) {
         lock.unlock();
         abort_group(elsewhere);  // pass it on to the peers over TCP
-        throw_aborted(op, elsewhere);
+        w.aborted(elsewhere);
       }
     }
     if (peers_[peer]->departed(cfg_.sockets)) {
-      const std::string msg = detail::cat("ringreduce ", op.name, " #", op.seq, ": rank ", rank_,
-                                          " waits for rank ", peer, " (", waiting_for,
-                                          "), which has shut its process group down");
       lock.unlock();
-      abort_group(msg);  // the others learn why from here, not from this rank's own goodbye
-      throw Error(msg);
+      w.peer_gone("waits for", "which has shut its process group down");
     }
-    if (dl.passed()) {
+    if (w.expired()) {
       lock.unlock();
-      const std::string msg = detail::cat(
-          "ringreduce ", op.name, " #", op.seq, ": rank ", rank_, ": Timed out after ",
-          op.timeout.count(), " ms waiting for rank ", peer, " (", waiting_for, ") over TCP; ",
-          follow_waits(chain_view(), peer, op));
-      // An abort that came in meanwhile is an earlier rank's timeout, which saw more of the chain
-      // (this rank may have found that rank no longer waiting).
-      const std::string earlier = chain_view().abort_reason();
-      if (!earlier.empty()) throw_aborted(op, earlier);
-      abort_group(msg);
-      throw TimeoutError(msg);
+      w.timed_out(" over TCP");
     }
-    cv_.wait_until(lock, std::min(dl.at, Clock::now() + tcp::kMaxSleep));
+    cv_.wait_for(lock, w.nap());
   }
 }
 
@@ -333,7 +316,7 @@ void* TcpTransport::try_send_begin(int peer) {
   check_peer(peer, "send");
   Peer& pr = *peers_[peer];
   std::lock_guard<std::mutex> lock(mu_);
-  if (aborted_) throw AbortedError(detail::cat("rank ", rank_, ": the group was aborted: ", reason_));
+  if (aborted_) throw_aborted(rank_, reason_);
   const size_t s = pr.sent % cfg_.nslots;
   if (pr.send_busy[s]) return nullptr;
   return pr.send_mem.data() + s * slot_stride_ + tcp::kPayloadAt;
@@ -343,7 +326,7 @@ const void* TcpTransport::try_recv_begin(int peer, MsgHeader* hdr) {
   check_peer(peer, "receive");
   Peer& pr = *peers_[peer];
   std::lock_guard<std::mutex> lock(mu_);
-  if (aborted_) throw AbortedError(detail::cat("rank ", rank_, ": the group was aborted: ", reason_));
+  if (aborted_) throw_aborted(rank_, reason_);
   const size_t s = pr.received % cfg_.nslots;
   if (!pr.recv_full[s]) return nullptr;
   *hdr = pr.recv_hdr[s];
@@ -375,18 +358,12 @@ void TcpTransport::stop_landing(int peer) {
 
 uint32_t TcpTransport::doorbell() const { return doorbell_.value.load(std::memory_order_seq_cst); }
 
-void TcpTransport::ring_doorbell() {
-  doorbell_.value.fetch_add(1, std::memory_order_seq_cst);
-  if (doorbell_.sleepers.load(std::memory_order_seq_cst) != 0) futex::wake_all(&doorbell_.value);
-}
+void TcpTransport::ring_doorbell() { bump(doorbell_); }
 
 void TcpTransport::wait_doorbell(uint32_t seen, std::chrono::nanoseconds at_most) {
   if (doorbell_.value.load(std::memory_order_acquire) != seen) return;
-  doorbell_.sleepers.fetch_add(1, std::memory_order_seq_cst);
-  if (doorbell_.value.load(std::memory_order_seq_cst) == seen) {
-    futex::wait(&doorbell_.value, seen, std::min<std::chrono::nanoseconds>(at_most, tcp::kMaxSleep));
-  }
-  doorbell_.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+  sleep_on(doorbell_, std::min<std::chrono::nanoseconds>(at_most, kMaxSleep),
+           [seen](uint32_t v) { return v == seen; });
 }
 
 void TcpTransport::abort_group(const std::string& why) {

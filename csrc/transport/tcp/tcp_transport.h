@@ -137,9 +137,8 @@ class TcpTransport final : public Transport {
   void connect_to(int peer, uint32_t socket, const std::string& addr, const Deadline& dl);
   void log(const std::string& what) const;
   void close_all();
-  [[noreturn]] void throw_aborted(const OpContext& op, const std::string& why) const;
   void check_peer(int peer, const char* what) const;
-  // Waits on cv_ (lock held) until ready() with the deadline and abort checks of every wait.
+  // Waits on cv_ (lock held) until ready(), ending as every wait does (PeerWait, wait.h).
   template <class Ready>
   void wait_until(std::unique_lock<std::mutex>& lock, Ready ready, int peer, const char* waiting_for,
                   const OpContext& op, const Deadline& dl);

@@ -10,8 +10,9 @@
 // body. A Data body is a MsgHeader followed by its payload; Abort carries the reason a rank
 // aborted the group; Bye says the rank shut its group down cleanly (an end of stream without it
 // means the peer died). Query asks the peer where it stands, and State is its answer: a rank that
-// timed out follows the chain of waits with them (see follow_waits in transport.h). Lengths are checked against the slot size before a byte of the body is
-// read, so a corrupt or hostile peer cannot steer a read past a buffer.
+// timed out follows the chain of waits with them (see follow_waits in transport.h). Lengths are
+// checked against the slot size before a byte of the body is read, so a corrupt or hostile peer
+// cannot steer a read past a buffer.
 #pragma once
 
 #include <cstddef>
