@@ -1,4 +1,6 @@
-// The one interface every transport implements (shm/, tcp/, cuda_ipc/).
+// The one interface every transport implements (shm/, tcp/, cuda_ipc/), and the views over them
+// that the algorithms also run on (routed.h: a group over several transports; sub_transport.h:
+// some of a group's ranks).
 //
 // A transport moves messages between ranks of one group. Each (sender, receiver) pair has its own
 // FIFO of a few fixed-size slots: the sender writes a slot in place and publishes it; the receiver
@@ -49,7 +51,7 @@ struct MsgHeader {
   uint8_t redop = 0;    // RedOp (0 where the op has none)
   int16_t root = -1;    // root rank, -1 where the op has none
 };
-static_assert(sizeof(MsgHeader) == 32, "MsgHeader is part of the shared-memory layout");
+static_assert(sizeof(MsgHeader) == 32, "MsgHeader is in the shared-memory layout and the TCP wire");
 
 // "allreduce #3 of 1000 float32 (sum)": an op as a header names it, for the errors of ranks that
 // disagree.
@@ -109,6 +111,9 @@ class Transport {
   virtual int group_rank(int rank) const { return rank; }
   // Largest payload one message can carry (the slot size).
   virtual size_t max_payload() const = 0;
+
+  // The blocking calls below wait at most until their deadline, and end as every wait does when
+  // the group is aborted, the peer is gone or the deadline passes (PeerWait, wait.h).
 
   // Wait until a slot towards `peer` is free and return where to write at most max_payload()
   // bytes. Exactly one send may be open per peer; close it with send_end.
@@ -172,7 +177,7 @@ class Transport {
 
   // In a group that routes peers over several transports, each of them follows chains of waits
   // through the routing one, which sees every peer; by default a transport does so through
-  // itself. Used only by the waits of ops, which run through the routing transport.
+  // itself. Used only by the timeouts of ops' waits, to name the rank that holds the group up.
   void follow_chains_through(Transport* t) { chain_view_ = t; }
 
  protected:

@@ -2,8 +2,9 @@
 //
 // Each rank owns one POSIX shared-memory segment holding its *inbox*: one FIFO of `nslots` slots
 // per possible sender. A sender writes a slot of the receiver's segment in place and bumps the
-// FIFO's head; the receiver reads the slot in place and bumps its tail. Only the ring neighbours'
-// FIFOs are touched, so the other pages of the segment are never allocated by tmpfs.
+// FIFO's head; the receiver reads the slot in place and bumps its tail. The whole segment is
+// reserved at set-up (posix_fallocate), so that a /dev/shm without room for it fails there, with a
+// message saying what it needs, instead of killing the process with SIGBUS in the middle of an op.
 //
 // Life of a segment: created 0600 under a name holding a random token that rank 0 draws and shares
 // through the store, opened by every peer (which is also the probe that tells whether the peer is
