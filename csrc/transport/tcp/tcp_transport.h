@@ -122,10 +122,13 @@ class TcpTransport final : public Transport {
   struct Conn;
   struct Peer;
 
-  void io_loop();
+  // handshake.cpp: connections made (connect_to, on this thread) and accepted (I/O thread).
+  void connect_to(int peer, uint32_t socket, const std::string& addr, const Deadline& dl);
   void accept_all();
   void service_pending(Conn& c);
   void drop_late_hellos();
+  // io_loop.cpp: the I/O thread.
+  void io_loop();
   void service(Conn& c);
   bool flush(Conn& c);   // false: the connection failed
   bool drain(Conn& c);   // false: the connection failed or ended
@@ -134,7 +137,7 @@ class TcpTransport final : public Transport {
   void update_interest(Conn& c);
   void wake_io();
   void notify_progress();
-  void connect_to(int peer, uint32_t socket, const std::string& addr, const Deadline& dl);
+  // tcp_transport.cpp
   void log(const std::string& what) const;
   void close_all();
   void check_peer(int peer, const char* what) const;
