@@ -25,16 +25,19 @@ class StoreBootstrap final : public Bootstrap {
     failure_key_ = std::move(failure_key);
     size_ = size;
   }
-  // Publishes why this rank cannot go on, then waits (a second at most) for every other rank to
-  // know (it read the reason, or failed itself): the store may live in this process (rank 0's TCPStore), and once it exits they
+  // Publishes why this rank cannot go on (a rank that learnt of a peer's failure has nothing to
+  // add), then waits (two seconds at most) until every rank knows: it read the reason, or failed
+  // itself. Every rank waits, not only the one that failed first: the store may live in any of
+  // them (rank 0's TCPStore under env://), and once that process exits the ranks still reading
   // would only learn that the store went away.
   void fail(const std::string& why) noexcept {
-    if (failure_key_.empty() || peer_failed_) return;
+    if (failure_key_.empty()) return;
     try {
-      set(failure_key_, why);
-      // Ranks that know: those that read the reason, and those that failed themselves.
-      store_->add(failure_key_ + "/known", 1);
-      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+      if (!peer_failed_) {
+        set(failure_key_, why);
+        store_->add(failure_key_ + "/known", 1);  // a rank that read the reason counted itself in get()
+      }
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
       while (store_->add(failure_key_ + "/known", 0) < size_ &&
              std::chrono::steady_clock::now() < until) {
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
