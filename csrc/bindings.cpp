@@ -1,5 +1,5 @@
 // The Python module ringreduce._C: the backend class, the DDP buckets, the TCP wire checks (for
-// the fuzz tests) and build facts. Nothing else lives here.
+// the fuzz tests), the knob table and build facts. Nothing else lives here.
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
@@ -7,6 +7,7 @@
 
 #include <cstring>
 
+#include "backend/knobs.h"
 #include "backend/ring_backend.h"
 #include "bucket/buckets.h"
 #include "reduce/reduce.h"
@@ -167,6 +168,24 @@ PYBIND11_MODULE(_C, m) {
   // across torch releases, so the Python side compares it with the running torch.
   m.attr("torch_version") = RINGREDUCE_TORCH_VERSION;
   m.attr("version") = RINGREDUCE_VERSION;
+  m.def(
+      "knobs",
+      [] {
+        py::list out;
+        for (const ringreduce::Knob& k : ringreduce::kKnobs) {
+          py::dict d;
+          d["name"] = k.name;
+          d["default"] = k.default_text;
+          d["kind"] = ringreduce::knob_kind_name(k.kind);
+          d["scope"] = ringreduce::knob_scope_name(k.scope);
+          d["meaning"] = k.meaning;
+          out.append(d);
+        }
+        return out;
+      },
+      "Every RINGREDUCE_* environment variable (backend/knobs.h), each a dict of name, default "
+      "(as docs/knobs.md gives it), kind, scope ('agreed', 'per rank', 'per process', 'build', "
+      "'test') and meaning.");
   m.def("simd_level", &ringreduce::simd_level,
         "Which copy of the CPU reduction loops this process runs (chosen from the CPU at load time)");
 }

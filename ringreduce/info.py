@@ -3,7 +3,11 @@
 Prints ringreduce's and torch's versions, what the extension was built with, which copy of the
 CPU reduction loops this CPU gets, which transports can work here (shared memory, with /dev/shm's
 size and free space; TCP; CUDA IPC), whether torch finds the backend, and the RINGREDUCE_*
-variables set. Paste it into a bug report.
+variables set (naming any that is no knob of ringreduce's: a typo is otherwise silently ignored).
+Paste it into a bug report.
+
+``python -m ringreduce.info --knobs`` lists every knob instead, with its default and meaning (the
+table in csrc/backend/knobs.h; docs/knobs.md says more).
 """
 
 import os
@@ -53,6 +57,7 @@ def lines():
     out = [f"ringreduce {ringreduce.__version__} at {os.path.dirname(ringreduce.__file__)}",
            f"python {sys.version.split()[0]}, torch {torch.__version__} "
            f"(CUDA {torch.version.cuda or 'none'})"]
+    ext = None
     try:
         ext = ringreduce.load_extension()
         out.append(f"extension: {ext.__file__}, built against torch {ext.torch_version}, "
@@ -78,11 +83,30 @@ def lines():
                f"RINGREDUCE_AUTOLOAD={os.environ.get('RINGREDUCE_AUTOLOAD', 'unset')})")
     knobs = sorted((k, v) for k, v in os.environ.items() if k.startswith("RINGREDUCE_"))
     out.append("RINGREDUCE_* set: " + (", ".join(f"{k}={v}" for k, v in knobs) if knobs else "none"))
+    if ext is not None:
+        known = {k["name"] for k in ext.knobs()}
+        unknown = [k for k, _ in knobs if k not in known]
+        if unknown:
+            out.append(f"not ringreduce knobs (ignored; see python -m ringreduce.info --knobs): "
+                       f"{', '.join(unknown)}")
     return out
 
 
-def main():
-    for line in lines():
+def knob_lines():
+    """One line per knob of the extension's table: name, scope, default, meaning."""
+    import ringreduce
+    knobs = ringreduce.load_extension().knobs()
+    width = max(len(k["name"]) for k in knobs)
+    return [f"{k['name']:<{width}}  {k['scope']:<11}  default {k['default']}: {k['meaning']}"
+            for k in knobs]
+
+
+def main(argv=None):
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m ringreduce.info", description=__doc__.splitlines()[0])
+    ap.add_argument("--knobs", action="store_true", help="list every RINGREDUCE_* knob instead")
+    args = ap.parse_args(argv)
+    for line in knob_lines() if args.knobs else lines():
         print(line)
     return 0
 

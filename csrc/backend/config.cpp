@@ -4,9 +4,12 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <cerrno>
 #include <cstdlib>
+#include <iterator>
 #include <sstream>
 
+#include "backend/knobs.h"
 #include "common/error.h"
 #include "transport/transport.h"
 
@@ -65,109 +68,158 @@ size_t Config::default_slice_bytes(int local_ranks) {
   return oversubscribed(local_ranks) ? (512u << 10) : (128u << 10);
 }
 
+namespace {
+
+// Each knob of RINGREDUCE_CONFIG_KNOBS (knobs.h) has a setter here, named after its field, that
+// parses a value, checks its range and stores it; a knob added to the table without one does not
+// compile. `var` names the variable in the error.
+void set_slice_bytes(Config& c, const char* var, const char* v) {
+  const uint64_t b = parse_bytes(var, v);
+  RR_CHECK(b >= 64 && b <= (64ull << 20) && b % 64 == 0, "ringreduce: ", var, "=", v,
+           " must be a multiple of 64 between 64 and 64M");
+  c.slice_bytes = b;
+}
+
+void set_cuda_slice_bytes(Config& c, const char* var, const char* v) {
+  const uint64_t b = parse_bytes(var, v);
+  RR_CHECK(b >= 4096 && b <= (1ull << 30) && b % 4096 == 0, "ringreduce: ", var, "=", v,
+           " must be a multiple of 4096 between 4K and 1G");
+  c.cuda_slice_bytes = b;
+}
+
+void set_cuda_transport(Config& c, const char* var, const char* v) {
+  const std::string m = v;
+  RR_CHECK(m == "auto" || m == "ipc" || m == "staged", "ringreduce: ", var, "=", v,
+           " must be auto, ipc or staged");
+  c.cuda_transport = m;
+}
+
+void set_slots(Config& c, const char* var, const char* v) {
+  const uint64_t s = parse_uint(var, v);
+  RR_CHECK(s >= 2 && s <= 64, "ringreduce: ", var, "=", v, " must be between 2 and 64");
+  c.slots = static_cast<uint32_t>(s);
+}
+
+void set_transport(Config& c, const char*, const char* v) { c.transport = parse_transport_mode(v); }
+
+void set_tcp_sockets(Config& c, const char* var, const char* v) {
+  const uint64_t n = parse_uint(var, v);
+  RR_CHECK(n >= 1 && n <= 16, "ringreduce: ", var, "=", v, " must be between 1 and 16");
+  c.tcp_sockets = static_cast<uint32_t>(n);
+}
+
+void set_check_fingerprints(Config& c, const char* var, const char* v) {
+  const uint64_t b = parse_uint(var, v);
+  RR_CHECK(b <= 1, "ringreduce: ", var, "=", v, " must be 0 or 1");
+  c.check_fingerprints = b == 1;
+}
+
+void set_spin(Config& c, const char* var, const char* v) {
+  const uint64_t us = parse_uint(var, v);
+  RR_CHECK(us <= 1000000, "ringreduce: ", var, "=", v, " must be at most 1000000");
+  c.spin = std::chrono::microseconds(us);
+}
+
+void set_yield(Config& c, const char* var, const char* v) {
+  const uint64_t us = parse_uint(var, v);
+  RR_CHECK(us <= 1000000, "ringreduce: ", var, "=", v, " must be at most 1000000");
+  c.yield = std::chrono::microseconds(us);
+}
+
+void set_algo(Config& c, const char* var, const char* v) { c.algo = parse_algo(v, var); }
+
+void set_window_bytes(Config& c, const char* var, const char* v) {
+  const uint64_t b = parse_bytes(var, v);
+  RR_CHECK(b <= (256ull << 20) && b % 64 == 0, "ringreduce: ", var, "=", v,
+           " must be a multiple of 64 up to 256M (0 turns the one-shot and two-shot algorithms off)");
+  c.window_bytes = b;
+}
+
+void set_fake_hosts(Config& c, const char* var, const char* v) {
+  const uint64_t h = parse_uint(var, v);
+  RR_CHECK(h <= 65536, "ringreduce: ", var, "=", v, " must be at most 65536");
+  c.fake_hosts = static_cast<int>(h);
+}
+
+// A field's value as to_string() prints it, in a form its setter reads back (Config::agree).
+std::string show(uint64_t v) { return std::to_string(v); }
+std::string show(uint32_t v) { return std::to_string(v); }
+std::string show(int v) { return std::to_string(v); }
+std::string show(bool v) { return v ? "1" : "0"; }
+std::string show(std::chrono::microseconds v) { return std::to_string(v.count()); }
+std::string show(TransportMode v) { return transport_mode_name(v); }
+std::string show(Algo v) { return algo_name(v); }
+std::string show(const std::string& v) { return v; }
+
+struct ConfigKnob {
+  const char* var;
+  void (*set)(Config&, const char* var, const char* text);
+  std::string (*get)(const Config&);
+};
+
+#define RR_CONFIG_KNOB(field, name, kind, def, meaning) \
+  ConfigKnob{name, &set_##field, [](const Config& c) { return show(c.field); }},
+const ConfigKnob kConfigKnobs[] = {RINGREDUCE_CONFIG_KNOBS(RR_CONFIG_KNOB)};
+#undef RR_CONFIG_KNOB
+
+// to_string()'s key for a knob: RINGREDUCE_SPIN_US -> spin_us.
+std::string key_of(const char* var) {
+  constexpr size_t kPrefix = sizeof("RINGREDUCE_") - 1;
+  std::string k = var + kPrefix;
+  for (char& ch : k) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return k;
+}
+
+}  // namespace
+
 Config Config::from_env(int local_ranks) {
   Config c;
   c.spin = default_spin(local_ranks);
   c.yield = default_yield(local_ranks);
   c.slice_bytes = default_slice_bytes(local_ranks);
-  if (const char* v = std::getenv("RINGREDUCE_SLICE_BYTES")) {
-    const uint64_t b = parse_bytes("RINGREDUCE_SLICE_BYTES", v);
-    RR_CHECK(b >= 64 && b <= (64ull << 20) && b % 64 == 0, "ringreduce: RINGREDUCE_SLICE_BYTES=", v,
-             " must be a multiple of 64 between 64 and 64M");
-    c.slice_bytes = b;
-  }
-  if (const char* v = std::getenv("RINGREDUCE_CUDA_SLICE_BYTES")) {
-    const uint64_t b = parse_bytes("RINGREDUCE_CUDA_SLICE_BYTES", v);
-    RR_CHECK(b >= 4096 && b <= (1ull << 30) && b % 4096 == 0, "ringreduce: RINGREDUCE_CUDA_SLICE_BYTES=",
-             v, " must be a multiple of 4096 between 4K and 1G");
-    c.cuda_slice_bytes = b;
-  }
-  if (const char* v = std::getenv("RINGREDUCE_CUDA_TRANSPORT")) {
-    const std::string m = v;
-    RR_CHECK(m == "auto" || m == "ipc" || m == "staged", "ringreduce: RINGREDUCE_CUDA_TRANSPORT=", v,
-             " must be auto, ipc or staged");
-    c.cuda_transport = m;
-  }
-  if (const char* v = std::getenv("RINGREDUCE_SLOTS")) {
-    const uint64_t s = parse_uint("RINGREDUCE_SLOTS", v);
-    RR_CHECK(s >= 2 && s <= 64, "ringreduce: RINGREDUCE_SLOTS=", v, " must be between 2 and 64");
-    c.slots = static_cast<uint32_t>(s);
-  }
-  if (const char* v = std::getenv("RINGREDUCE_TRANSPORT")) c.transport = parse_transport_mode(v);
-  if (const char* v = std::getenv("RINGREDUCE_TCP_SOCKETS")) {
-    const uint64_t n = parse_uint("RINGREDUCE_TCP_SOCKETS", v);
-    RR_CHECK(n >= 1 && n <= 16, "ringreduce: RINGREDUCE_TCP_SOCKETS=", v, " must be between 1 and 16");
-    c.tcp_sockets = static_cast<uint32_t>(n);
-  }
-  if (const char* v = std::getenv("RINGREDUCE_CHECK_FINGERPRINTS")) {
-    const uint64_t b = parse_uint("RINGREDUCE_CHECK_FINGERPRINTS", v);
-    RR_CHECK(b <= 1, "ringreduce: RINGREDUCE_CHECK_FINGERPRINTS=", v, " must be 0 or 1");
-    c.check_fingerprints = b == 1;
-  }
-  if (const char* v = std::getenv("RINGREDUCE_SPIN_US")) {
-    const uint64_t us = parse_uint("RINGREDUCE_SPIN_US", v);
-    RR_CHECK(us <= 1000000, "ringreduce: RINGREDUCE_SPIN_US=", v, " must be at most 1000000");
-    c.spin = std::chrono::microseconds(us);
-  }
-  if (const char* v = std::getenv("RINGREDUCE_ALGO")) c.algo = parse_algo(v, "RINGREDUCE_ALGO");
-  if (const char* v = std::getenv("RINGREDUCE_WINDOW_BYTES")) {
-    const uint64_t b = parse_bytes("RINGREDUCE_WINDOW_BYTES", v);
-    RR_CHECK(b <= (256ull << 20) && b % 64 == 0, "ringreduce: RINGREDUCE_WINDOW_BYTES=", v,
-             " must be a multiple of 64 up to 256M (0 turns the one-shot and two-shot algorithms off)");
-    c.window_bytes = b;
-  }
-  if (const char* v = std::getenv("RINGREDUCE_FAKE_HOSTS")) {
-    const uint64_t h = parse_uint("RINGREDUCE_FAKE_HOSTS", v);
-    RR_CHECK(h <= 65536, "ringreduce: RINGREDUCE_FAKE_HOSTS=", v, " must be at most 65536");
-    c.fake_hosts = static_cast<int>(h);
-  }
-  if (const char* v = std::getenv("RINGREDUCE_YIELD_US")) {
-    const uint64_t us = parse_uint("RINGREDUCE_YIELD_US", v);
-    RR_CHECK(us <= 1000000, "ringreduce: RINGREDUCE_YIELD_US=", v, " must be at most 1000000");
-    c.yield = std::chrono::microseconds(us);
+  for (const ConfigKnob& k : kConfigKnobs) {
+    if (const char* v = std::getenv(k.var)) k.set(c, k.var, v);
   }
   return c;
 }
 
 Config Config::agree(Bootstrap& bs, const std::string& prefix, int rank, int local_ranks) {
+  // Published as to_string() prints it, and read back through the same setters as the variables.
   const std::string key = prefix + "config";
   std::string text;
   if (rank == 0) {
-    const Config mine = from_env(local_ranks);
-    std::ostringstream s;
-    s << mine.slice_bytes << ' ' << mine.slots << ' ' << mine.spin.count() << ' '
-      << transport_mode_name(mine.transport) << ' ' << mine.tcp_sockets << ' '
-      << (mine.check_fingerprints ? 1 : 0) << ' ' << mine.cuda_slice_bytes << ' ' << mine.cuda_transport
-      << ' ' << mine.yield.count() << ' ' << algo_name(mine.algo) << ' ' << mine.window_bytes << ' '
-      << mine.fake_hosts;
-    text = s.str();
+    text = from_env(local_ranks).to_string();
     bs.set(key, text);
   } else {
     text = bs.get(key);
   }
-  std::istringstream in(text);
   Config c;
-  long long spin_us = 0, yield_us = 0;
-  std::string mode, algo;
-  int check = 1;
-  in >> c.slice_bytes >> c.slots >> spin_us >> mode >> c.tcp_sockets >> check >> c.cuda_slice_bytes >> c.cuda_transport >> yield_us >> algo >> c.window_bytes >> c.fake_hosts;
-  c.check_fingerprints = check != 0;
-  if (!in.fail()) c.transport = parse_transport_mode(mode);
-  RR_CHECK(!in.fail(), "ringreduce: rank ", rank, " read a malformed config from the store: '", text, "'");
-  c.spin = std::chrono::microseconds(spin_us);
-  c.yield = std::chrono::microseconds(yield_us);
-  c.algo = parse_algo(algo, "the agreed algorithm");
+  std::istringstream in(text);
+  std::string item;
+  constexpr size_t n = std::size(kConfigKnobs);
+  static_assert(n < 64);
+  uint64_t seen = 0;  // bit i: kConfigKnobs[i] was read, each knob exactly once
+  while (in >> item) {
+    const size_t eq = item.find('=');
+    const std::string name = item.substr(0, eq);
+    size_t i = 0;
+    while (i < n && (eq == std::string::npos || name != key_of(kConfigKnobs[i].var))) ++i;
+    RR_CHECK(i < n && !(seen >> i & 1), "ringreduce: rank ", rank,
+             " read a malformed config from the store: '", text, "'");
+    kConfigKnobs[i].set(c, kConfigKnobs[i].var, item.c_str() + eq + 1);
+    seen |= uint64_t{1} << i;
+  }
+  RR_CHECK(seen == (uint64_t{1} << n) - 1, "ringreduce: rank ", rank,
+           " read a malformed config from the store: '", text, "'");
   return c;
 }
 
 std::string Config::to_string() const {
-  std::ostringstream s;
-  s << "slice_bytes=" << slice_bytes << " slots=" << slots << " spin_us=" << spin.count() << " yield_us=" << yield.count()
-    << " transport=" << transport_mode_name(transport) << " tcp_sockets=" << tcp_sockets
-    << " check_fingerprints=" << (check_fingerprints ? 1 : 0) << " cuda_slice_bytes=" << cuda_slice_bytes
-    << " cuda_transport=" << cuda_transport << " algo=" << algo_name(algo)
-    << " window_bytes=" << window_bytes << " fake_hosts=" << fake_hosts;
-  return s.str();
+  std::string s;
+  for (const ConfigKnob& k : kConfigKnobs) {
+    s += detail::cat(s.empty() ? "" : " ", key_of(k.var), "=", k.get(*this));
+  }
+  return s;
 }
 
 }  // namespace ringreduce

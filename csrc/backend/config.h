@@ -1,4 +1,5 @@
-// The knobs, read from the environment in one place (documented in docs/knobs.md).
+// The knobs a group is set up with, read from the environment as backend/knobs.h lists them
+// (documented in docs/knobs.md).
 #pragma once
 
 #include <chrono>
@@ -50,10 +51,9 @@ struct Config {
   // algorithms on one machine, for tests and the benchmark.
   int fake_hosts = 0;
 
-  // Defaults (the spin one for `local_ranks` ranks on this host) overridden by
-  // RINGREDUCE_SLICE_BYTES, RINGREDUCE_SLOTS, RINGREDUCE_SPIN_US, RINGREDUCE_YIELD_US, RINGREDUCE_ALGO, RINGREDUCE_WINDOW_BYTES, RINGREDUCE_TRANSPORT,
-  // RINGREDUCE_TCP_SOCKETS, RINGREDUCE_CHECK_FINGERPRINTS, RINGREDUCE_CUDA_SLICE_BYTES. Throws ringreduce::Error naming
-  // the variable when a value does not parse or is out of range.
+  // Defaults (the spin one for `local_ranks` ranks on this host) overridden by the variables of
+  // RINGREDUCE_CONFIG_KNOBS (backend/knobs.h). Throws ringreduce::Error naming the variable when a
+  // value does not parse or is out of range.
   static Config from_env(int local_ranks);
 
   // With a core per rank, a short spin turns most hand-offs into a cache-line transfer (a 1 KiB
@@ -79,6 +79,9 @@ struct Config {
   // the others fail with the store's timeout rather than on values they would not use.
   static Config agree(Bootstrap& bs, const std::string& prefix, int rank, int local_ranks);
 
+  // "slice_bytes=131072 slots=4 ...": every knob of RINGREDUCE_CONFIG_KNOBS, its variable's name
+  // without RINGREDUCE_ in lower case, with its value. The INFO line ends with it, and agree()
+  // publishes it.
   std::string to_string() const;
 
  private:

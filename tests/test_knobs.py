@@ -1,0 +1,135 @@
+"""The knob table (csrc/backend/knobs.h, as ringreduce._C.knobs()) against docs/knobs.md and the
+INFO line's config: the page gives every knob with the table's default (and scope, where the page
+has that column) and names no RINGREDUCE_* variable the table lacks."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+DOC = os.path.join(ROOT, "docs", "knobs.md")
+
+
+@pytest.fixture(scope="module")
+def knobs():
+    from ringreduce import load_extension
+    return {k["name"]: k for k in load_extension().knobs()}
+
+
+def _doc_rows():
+    """{variable: {column: cell}} for every table row of docs/knobs.md that starts with a
+    `RINGREDUCE_*` cell; cells without their markdown backticks."""
+    rows = {}
+    header = None
+    with open(DOC) as f:
+        for line in f:
+            line = line.strip()
+            if not line.startswith("|"):
+                header = None
+                continue
+            cells = [c.strip().replace("`", "") for c in line.strip("|").split("|")]
+            if header is None:
+                header = cells
+                continue
+            m = re.fullmatch(r"RINGREDUCE_[A-Z0-9_]+", cells[0])
+            if m:
+                assert cells[0] not in rows, f"docs/knobs.md gives {cells[0]} twice"
+                rows[cells[0]] = dict(zip(header, cells))
+    return rows
+
+
+def test_every_knob_is_documented_with_its_default(knobs):
+    rows = _doc_rows()
+    assert sorted(rows) == sorted(knobs), (
+        f"in the table only: {sorted(set(knobs) - set(rows))}; "
+        f"in docs/knobs.md only: {sorted(set(rows) - set(knobs))}")
+    for name, k in knobs.items():
+        assert "default" in rows[name], (name, rows[name])
+        assert rows[name]["default"] == k["default"], (name, rows[name]["default"], k["default"])
+        if "scope" in rows[name]:
+            assert rows[name]["scope"] == k["scope"], (name, rows[name]["scope"], k["scope"])
+
+
+def test_the_page_names_no_other_knob(knobs):
+    with open(DOC) as f:
+        named = set(re.findall(r"RINGREDUCE_[A-Z0-9_]*[A-Z0-9]", f.read()))
+    # The CMake cache options are -D options, not environment variables (the page says so).
+    named -= {"RINGREDUCE_CUDA", "RINGREDUCE_SANITIZE"}
+    assert named <= set(knobs), sorted(named - set(knobs))
+
+
+def test_the_table_is_well_formed(knobs):
+    for name, k in knobs.items():
+        assert re.fullmatch(r"RINGREDUCE_[A-Z0-9_]+", name), name
+        assert k["kind"] in ("bytes", "count", "flag", "choice", "text"), k
+        assert k["scope"] in ("agreed", "per rank", "per process", "build", "test"), k
+        assert k["default"] and k["meaning"], k
+
+
+def test_info_lists_the_knobs_and_flags_unknown_ones(knobs):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, "-m", "ringreduce.info", "--knobs"], capture_output=True,
+                         text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    listed = [line.split()[0] for line in out.stdout.splitlines()]
+    assert listed == list(knobs), out.stdout
+    out = subprocess.run([sys.executable, "-m", "ringreduce.info"], capture_output=True, text=True,
+                         timeout=120, env=dict(env, RINGREDUCE_SLICE_BYTE="64"))
+    assert out.returncode == 0, out.stderr
+    assert "not ringreduce knobs (ignored; see python -m ringreduce.info --knobs): RINGREDUCE_SLICE_BYTE" \
+        in out.stdout, out.stdout
+
+
+AGREED = {"RINGREDUCE_SLICE_BYTES": "4K", "RINGREDUCE_SLOTS": "3", "RINGREDUCE_SPIN_US": "7",
+          "RINGREDUCE_YIELD_US": "11", "RINGREDUCE_TRANSPORT": "tcp", "RINGREDUCE_TCP_SOCKETS": "3",
+          "RINGREDUCE_CHECK_FINGERPRINTS": "0", "RINGREDUCE_CUDA_SLICE_BYTES": "64K",
+          "RINGREDUCE_CUDA_TRANSPORT": "staged", "RINGREDUCE_ALGO": "ring",
+          "RINGREDUCE_WINDOW_BYTES": "0", "RINGREDUCE_FAKE_HOSTS": "0"}
+
+
+def _rank_config(ctx):
+    import torch
+    b = ctx.group._get_backend(torch.device("cpu"))
+    return (b.slice_bytes, b.slots, b.spin_us, b.transport, b.tcp_sockets, b.check_fingerprints,
+            b.algorithm("allreduce", 64))
+
+
+def test_every_agreed_knob_travels_through_the_store(ranks, standin):
+    """Rank 0 publishes Config::to_string() and the others read it back through the knobs'
+    setters: a value of every agreed knob other than its default reaches every rank."""
+    if standin:
+        pytest.skip("ringreduce's knobs")
+    assert set(AGREED) == {n for n, k in _knob_table().items() if k["scope"] == "agreed"}
+    out = ranks(2, env=AGREED).run(_rank_config, timeout=60)
+    assert list(out[0]) == list(out[1]) == [4096, 3, 7, "tcp", 3, False, "ring"], out
+
+
+def _knob_table():
+    from ringreduce import load_extension
+    return {k["name"]: k for k in load_extension().knobs()}
+
+
+@pytest.mark.parametrize("name,value,message", [
+    ("RINGREDUCE_SLOTS", "1", "RINGREDUCE_SLOTS=1 must be between 2 and 64"),
+    ("RINGREDUCE_SLICE_BYTES", "12Q", "RINGREDUCE_SLICE_BYTES=12Q is not a byte count"),
+    ("RINGREDUCE_CUDA_TRANSPORT", "x", "RINGREDUCE_CUDA_TRANSPORT=x must be auto, ipc or staged"),
+    ("RINGREDUCE_ALGO", "fast", "RINGREDUCE_ALGO"),
+])
+def test_a_bad_value_fails_naming_the_variable(tmp_path, standin, name, value, message):
+    if standin:
+        pytest.skip("ringreduce's knobs")
+    code = ("import torch.distributed as dist, ringreduce\n"
+            f"store = dist.FileStore({str(tmp_path / 'store')!r}, 1)\n"
+            "try:\n"
+            "    dist.init_process_group('ringreduce', store=store, rank=0, world_size=1)\n"
+            "except Exception as e:\n"
+            "    print('FAILED:', e)\n")
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               **{name: value})
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env=env)
+    assert "FAILED:" in out.stdout and message in out.stdout, (out.stdout, out.stderr)
