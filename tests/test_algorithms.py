@@ -23,7 +23,8 @@ import time
 import pytest
 
 import harness
-from harness import DTYPE_NAMES, ops_for
+import reference
+from reference import DTYPE_NAMES, ops_for
 from test_allreduce import run_cases
 
 ALGOS = ("ring", "oneshot", "twoshot")
@@ -81,13 +82,13 @@ def _rank_same_bits(ctx):
                 if op not in ops_for(dtype_name) or (dtype_name == "complex64" and op == "PRODUCT"):
                     continue
                 for count in (5, 1009, 30011):
-                    x = harness.make_input(ctx.gen("same", dtype_name, op, count, rank=ctx.rank),
+                    x = reference.make_input(ctx.gen("same", dtype_name, op, count, rank=ctx.rank),
                                            dtype_name, count, op, ctx.world_size)
                     got = {}
                     for algo in ALGOS:
                         be.set_algorithm(algo)
                         t = x.clone()
-                        dist.all_reduce(t, op=harness.reduce_op(op), group=ctx.group)
+                        dist.all_reduce(t, op=reference.reduce_op(op), group=ctx.group)
                         got[algo] = harness.digest(t)
                     if len(set(got.values())) != 1:
                         failures.append(f"{dtype_name} {op} count={count}: the algorithms' bits differ on rank {ctx.rank}")

@@ -1,16 +1,16 @@
 """all_reduce through torch.distributed on the backend under test.
 
 The sweep: world size 1..4 x element count {0, 1, world-1, 1009, 2^20+3} x every dtype x
-every op the dtype supports (harness.ops_for) x {sync, async + work.wait(), async +
+every op the dtype supports (reference.ops_for) x {sync, async + work.wait(), async +
 work.get_future().wait()}, in place.  One pool call per (world size, dtype) runs all of
 that dtype's cases; a failure names each bad case as
 "world=W count=N dtype=D op=O mode=M".
 
-Every case draws fresh random inputs (harness.make_input) and checks:
+Every case draws fresh random inputs (reference.make_input) and checks:
   (a) against a float64 (complex128; exact int64 for integers and bool) reference that the
       checking rank rebuilds from every rank's seed, with the per-dtype tolerances of
-      harness.RTOL (fp16 1e-2, bf16 2e-2, fp32 1e-5 of sum|x_i|; integers exact);
-  (b) against gloo on the same inputs where gloo can do the dtype/op (harness.gloo_supports
+      reference.RTOL (fp16 1e-2, bf16 2e-2, fp32 1e-5 of sum|x_i|; integers exact);
+  (b) against gloo on the same inputs where gloo can do the dtype/op (reference.gloo_supports
       lists what torch 2.13's gloo cannot: int16, AVG on integers, PREMUL_SUM, complex
       PRODUCT), within twice the tolerance;
   (c) bit-identical results on every rank (hashes of the result bytes).
@@ -25,7 +25,8 @@ at small counts.
 import pytest
 
 import harness
-from harness import DTYPE_NAMES, gloo_supports, ops_for
+import reference
+from reference import DTYPE_NAMES, gloo_supports, ops_for
 
 MODES = ("sync", "async", "future")
 BIG = 2**20 + 3
@@ -65,10 +66,10 @@ LAYOUTS = {
 def _build(ctx, name, rank, dtype_name, op, count, layout):
     gen = ctx.gen("input", name, rank=rank)
     if layout is None:
-        base = harness.make_input(gen, dtype_name, count, op, ctx.world_size)
+        base = reference.make_input(gen, dtype_name, count, op, ctx.world_size)
         return base, base
     shape, view = LAYOUTS[layout]
-    base = harness.make_input(gen, dtype_name, None, op, ctx.world_size, shape=shape)
+    base = reference.make_input(gen, dtype_name, None, op, ctx.world_size, shape=shape)
     return base, view(base)
 
 
@@ -85,13 +86,13 @@ def issue_allreduce(t, dtype_name, op, factor, mode, group):
     import torch
     import torch.distributed as dist
 
-    if dtype_name in harness.COMPLEX_NAMES and op == "PRODUCT":
+    if dtype_name in reference.COMPLEX_NAMES and op == "PRODUCT":
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.PRODUCT
         work = group.allreduce([t], opts)
         expect = t
     else:
-        rop = harness.reduce_op(op, factor)
+        rop = reference.reduce_op(op, factor)
         if mode == "sync":
             r = dist.all_reduce(t, op=rop, group=group)
             return None if r is None else f"sync all_reduce returned {r!r}, expected None"
@@ -119,7 +120,7 @@ def issue_allreduce(t, dtype_name, op, factor, mode, group):
 def _gloo_allreduce(t, op, factor, gloo):
     import torch.distributed as dist
 
-    dist.all_reduce(t, op=harness.reduce_op(op, factor), group=gloo)
+    dist.all_reduce(t, op=reference.reduce_op(op, factor), group=gloo)
 
 
 def _case_factor(ctx, name):
@@ -170,9 +171,9 @@ def run_cases(ctx, dtype_name, cases, with_gloo=True):
         if checker:
             inputs = [mine if r == rank else _build(ctx, name, r, dtype_name, op, count, layout)[1].clone()
                       for r in range(world)]
-            ref = harness.reference(inputs, dtype_name, op, factor)
-            scale = None if harness.exact_kind(dtype_name, op) else harness.float_scale(inputs, dtype_name, op, factor)
-            msg = harness.compare(t, ref, dtype_name, op, scale)
+            ref = reference.reference(inputs, dtype_name, op, factor)
+            scale = None if reference.exact_kind(dtype_name, op) else reference.float_scale(inputs, dtype_name, op, factor)
+            msg = reference.compare(t, ref, dtype_name, op, scale)
             if msg:
                 failures.append(f"{name}: vs reference: {msg}")
         if with_gloo and gloo_supports(dtype_name, op):
@@ -183,7 +184,7 @@ def run_cases(ctx, dtype_name, cases, with_gloo=True):
             if dtype_name == "bool":  # gloo's bool SUM leaves bytes of 2: normalise
                 g = g.view(torch.uint8) != 0
             if checker:
-                msg = harness.compare(t, g, dtype_name, op, scale, slack=2.0)
+                msg = reference.compare(t, g, dtype_name, op, scale, slack=2.0)
                 if msg:
                     failures.append(f"{name}: vs gloo: {msg}")
     return failures, digests
@@ -195,7 +196,7 @@ def _rank_sweep(ctx, dtype_name, counts, modes):
         (count, op, mode, None)
         for count in counts
         for op in ops_for(dtype_name)
-        if not (standin and harness.standin_skip(dtype_name, op))
+        if not (standin and reference.standin_skip(dtype_name, op))
         for mode in modes
     ]
     return run_cases(ctx, dtype_name, cases)
@@ -212,7 +213,7 @@ def _rank_layouts(ctx, dtype_name, ops):
         for layout in LAYOUTS
         if not (standin and layout in GLOO_BROKEN_LAYOUTS)
         for op in ops
-        if not (standin and harness.standin_skip(dtype_name, op))
+        if not (standin and reference.standin_skip(dtype_name, op))
         for mode in MODES
     ]
     return run_cases(ctx, dtype_name, cases)

@@ -6,7 +6,8 @@ reduce_scatter bit-identical to the matching chunk of an all_reduce."""
 import pytest
 
 import harness
-from harness import DTYPE_NAMES, ops_for
+import reference
+from reference import DTYPE_NAMES, ops_for
 
 COUNTS = [0, 1, 1009, (1 << 16) + 3]
 
@@ -19,18 +20,18 @@ def _rank_reduce_scatter(ctx, dtype_name, counts):
     failures, digests = [], {}
     standin = ctx.backend != "ringreduce"
     for op in ops_for(dtype_name):
-        if dtype_name in harness.COMPLEX_NAMES and op == "PRODUCT":
+        if dtype_name in reference.COMPLEX_NAMES and op == "PRODUCT":
             continue  # torch's reduce_scatter refuses PRODUCT on complex tensors before any backend
-        if standin and harness.standin_skip(dtype_name, op):
+        if standin and reference.standin_skip(dtype_name, op):
             continue
         factor = -0.75 if op == "PREMUL_SUM" else None
         for count in counts:
             # Each rank's input is n chunks of `count`; rank r gets chunk r of the reduction.
-            inputs = [harness.make_input(ctx.gen("rs", dtype_name, op, count, rank=q), dtype_name,
+            inputs = [reference.make_input(ctx.gen("rs", dtype_name, op, count, rank=q), dtype_name,
                                          count * n, op, n) for q in range(n)]
-            ref = harness.reference(inputs, dtype_name, op, factor)[r * count:(r + 1) * count]
-            exact = harness.exact_kind(dtype_name, op)
-            scale = None if exact else harness.float_scale(inputs, dtype_name, op, factor)
+            ref = reference.reference(inputs, dtype_name, op, factor)[r * count:(r + 1) * count]
+            exact = reference.exact_kind(dtype_name, op)
+            scale = None if exact else reference.float_scale(inputs, dtype_name, op, factor)
             if scale is not None:
                 scale = scale[r * count:(r + 1) * count]
             for form in ("tensor", "list"):
@@ -39,37 +40,37 @@ def _rank_reduce_scatter(ctx, dtype_name, counts):
                 out = torch.empty(count, dtype=x.dtype)
                 try:
                     if form == "tensor":
-                        w = dist.reduce_scatter_tensor(out, x, op=harness.reduce_op(op, factor),
+                        w = dist.reduce_scatter_tensor(out, x, op=reference.reduce_op(op, factor),
                                                        async_op=True)
                     else:
                         w = dist.reduce_scatter(out, list(x.split(count)) if count else
                                                 [x.clone() for _ in range(n)],
-                                                op=harness.reduce_op(op, factor), async_op=True)
+                                                op=reference.reduce_op(op, factor), async_op=True)
                     w.wait()
                 except Exception as e:  # noqa: BLE001 - reported with the case
                     failures.append(f"{case}: raised {type(e).__name__}: {e}")
                     continue
                 if not torch.equal(x, inputs[r]):
                     failures.append(f"{case}: the input was modified")
-                msg = harness.compare(out, ref, dtype_name, op, scale)
+                msg = reference.compare(out, ref, dtype_name, op, scale)
                 if msg:
                     failures.append(f"{case}: vs reference: {msg}")
                 if not standin and form == "tensor":
                     # Each rank gets a different chunk, so the cross-rank check is this: the
                     # reduce-scatter follows the all-reduce's ring order, bit for bit.
                     full = inputs[r].clone()
-                    dist.all_reduce(full, op=harness.reduce_op(op, factor))
+                    dist.all_reduce(full, op=reference.reduce_op(op, factor))
                     mine = full[r * count:(r + 1) * count]
                     if harness.digest(out) != harness.digest(mine):
                         failures.append(f"{case}: differs bitwise from chunk {r} of all_reduce")
-                if not standin and harness.gloo_supports(dtype_name, op) and form == "tensor":
+                if not standin and reference.gloo_supports(dtype_name, op) and form == "tensor":
                     g = torch.empty(count, dtype=x.dtype)
                     try:
-                        dist.reduce_scatter_tensor(g, inputs[r].clone(), op=harness.reduce_op(op, factor),
+                        dist.reduce_scatter_tensor(g, inputs[r].clone(), op=reference.reduce_op(op, factor),
                                                    group=ctx.gloo)
                     except RuntimeError:
                         continue  # gloo lacks this dtype/op for reduce_scatter
-                    msg = harness.compare(out, g, dtype_name, op, scale, slack=2.0)
+                    msg = reference.compare(out, g, dtype_name, op, scale, slack=2.0)
                     if msg:
                         failures.append(f"{case}: vs gloo: {msg}")
     return failures, digests
@@ -83,7 +84,7 @@ def _rank_all_gather(ctx, dtype_names, counts):
     failures, digests = [], {}
     for dtype_name in dtype_names:
         for count in counts:
-            inputs = [harness.make_input(ctx.gen("ag", dtype_name, count, rank=q), dtype_name, count,
+            inputs = [reference.make_input(ctx.gen("ag", dtype_name, count, rank=q), dtype_name, count,
                                          "SUM", n) for q in range(n)]
             want = torch.cat(inputs)
             for form in ("tensor", "inplace", "list", "list-strided"):
@@ -300,46 +301,46 @@ def _rank_rooted_and_alltoall(ctx, dtype_names, counts):
     standin = ctx.backend != "ringreduce"
     failures, digests = [], {}
     for dtype_name in dtype_names:
-        if standin and not harness.gloo_broadcast_supports(dtype_name):
+        if standin and not reference.gloo_broadcast_supports(dtype_name):
             continue  # gloo moves no int16 at all
         for count in counts:
             for op in ops_for(dtype_name):
-                if dtype_name in harness.COMPLEX_NAMES and op == "PRODUCT":
+                if dtype_name in reference.COMPLEX_NAMES and op == "PRODUCT":
                     continue  # dist.reduce refuses complex PRODUCT before any backend
-                if standin and harness.standin_skip(dtype_name, op):
+                if standin and reference.standin_skip(dtype_name, op):
                     continue
                 factor = -0.75 if op == "PREMUL_SUM" else None
-                xs = [harness.make_input(ctx.gen("x", dtype_name, op, count, rank=q), dtype_name, count,
+                xs = [reference.make_input(ctx.gen("x", dtype_name, op, count, rank=q), dtype_name, count,
                                          op, n) for q in range(n)]
-                want = harness.reference(xs, dtype_name, op, factor)
-                exact = harness.exact_kind(dtype_name, op)
-                scale = None if exact else harness.float_scale(xs, dtype_name, op, factor)
+                want = reference.reference(xs, dtype_name, op, factor)
+                exact = reference.exact_kind(dtype_name, op)
+                scale = None if exact else reference.float_scale(xs, dtype_name, op, factor)
                 for root in range(n):
                     case = f"reduce world={n} {dtype_name} {op} count={count} root={root}"
                     t = xs[r].clone()
-                    dist.reduce(t, dst=root, op=harness.reduce_op(op, factor))
+                    dist.reduce(t, dst=root, op=reference.reduce_op(op, factor))
                     g = None
                     # gloo's bool SUM leaves 2s in a bool tensor; its results are not comparable.
-                    if harness.gloo_supports(dtype_name, op) and not (dtype_name == "bool" and op == "SUM"):
+                    if reference.gloo_supports(dtype_name, op) and not (dtype_name == "bool" and op == "SUM"):
                         g = xs[r].clone()
-                        dist.reduce(g, dst=root, op=harness.reduce_op(op, factor), group=ctx.gloo)
+                        dist.reduce(g, dst=root, op=reference.reduce_op(op, factor), group=ctx.gloo)
                     if r == root:
-                        msg = harness.compare(t, want, dtype_name, op, scale)
+                        msg = reference.compare(t, want, dtype_name, op, scale)
                         if msg:
                             failures.append(f"{case}: {msg}")
                         if g is not None:
-                            msg = harness.compare(t, g, dtype_name, op, scale, slack=2.0)
+                            msg = reference.compare(t, g, dtype_name, op, scale, slack=2.0)
                             if msg:
                                 failures.append(f"{case} vs gloo: {msg}")
                     elif not standin and not torch.equal(t, xs[r]):
                         # torch leaves it undefined (gloo's reduce scribbles on it); ours keeps it
                         failures.append(f"{case}: a non-root's tensor changed")
             # Ops that move bytes: every root, compared with the inputs and with gloo.
-            xs = [harness.make_input(ctx.gen("x", dtype_name, count, rank=q), dtype_name, count, "SUM", n)
+            xs = [reference.make_input(ctx.gen("x", dtype_name, count, rank=q), dtype_name, count, "SUM", n)
                   for q in range(n)]
             for root in range(n):
                 case = f"world={n} {dtype_name} count={count} root={root}"
-                if standin and dtype_name in harness.COMPLEX_NAMES:
+                if standin and dtype_name in reference.COMPLEX_NAMES:
                     continue  # gloo's gather refuses complex tensors (its scatter takes them)
                 got = [torch.empty_like(xs[r]) for _ in range(n)] if r == root else None
                 dist.gather(xs[r].clone(), got, dst=root)
@@ -366,12 +367,12 @@ def _rank_rooted_and_alltoall(ctx, dtype_names, counts):
             rows = lambda a, b: (a + 2 * b) % 3 + (count % 2)  # noqa: E731
             send = [rows(r, p) for p in range(n)]
             recv = [rows(p, r) for p in range(n)]
-            parts = [harness.make_input(ctx.gen("a2a", dtype_name, r, p), dtype_name, k, "SUM", n)
+            parts = [reference.make_input(ctx.gen("a2a", dtype_name, r, p), dtype_name, k, "SUM", n)
                      for p, k in enumerate(send)]
             inp = torch.cat(parts)
             out = torch.empty(sum(recv), dtype=inp.dtype)
             dist.all_to_all_single(out, inp, recv, send)
-            want = torch.cat([harness.make_input(ctx.gen("a2a", dtype_name, p, r), dtype_name, k, "SUM", n)
+            want = torch.cat([reference.make_input(ctx.gen("a2a", dtype_name, p, r), dtype_name, k, "SUM", n)
                               for p, k in enumerate(recv)])
             if not torch.equal(out, want):
                 failures.append(f"all_to_all_single uneven world={n} {dtype_name}: wrong")

@@ -21,7 +21,8 @@ import hashlib
 import pytest
 
 import harness
-from harness import DTYPE_NAMES
+import reference
+from reference import DTYPE_NAMES
 
 
 def _skip_reason():
@@ -61,7 +62,7 @@ def _digest(t):
 
 
 def _inputs(ctx, case, dtype_name, count, op):
-    return [harness.make_input(ctx.gen("in", case, rank=r), dtype_name, count, op, ctx.world_size)
+    return [reference.make_input(ctx.gen("in", case, rank=r), dtype_name, count, op, ctx.world_size)
             for r in range(ctx.world_size)]
 
 
@@ -73,19 +74,19 @@ def _rank_allreduce_sweep(ctx, dtype_names, counts):
     n = ctx.world_size
     k = 0
     for dtype_name in dtype_names:
-        for op in harness.ops_for(dtype_name):
+        for op in reference.ops_for(dtype_name):
             for count in counts:
                 case = f"world={n} dtype={dtype_name} op={op} count={count}"
                 factor = 0.5 + (k % 3) if op == "PREMUL_SUM" else None
                 ins = _inputs(ctx, case, dtype_name, count, op)
                 x = ins[ctx.rank].to(dev)
                 try:
-                    if dtype_name in harness.COMPLEX_NAMES and op == "PRODUCT":
+                    if dtype_name in reference.COMPLEX_NAMES and op == "PRODUCT":
                         opts = dist.AllreduceOptions()
                         opts.reduceOp = dist.ReduceOp.PRODUCT
                         ctx.group.allreduce([x], opts).wait()
                     else:
-                        dist.all_reduce(x, op=harness.reduce_op(op, factor), group=ctx.group)
+                        dist.all_reduce(x, op=reference.reduce_op(op, factor), group=ctx.group)
                     out = x.cpu()  # syncs the current stream, which waits for the op
                 except Exception as e:  # noqa: BLE001 - the case's failure is the result
                     failures.append(f"{case}: raised {type(e).__name__}: {e}")
@@ -93,9 +94,9 @@ def _rank_allreduce_sweep(ctx, dtype_names, counts):
                     continue
                 digests[case] = _digest(out)
                 if k % n == ctx.rank:  # the checking rank rotates over the cases
-                    ref = harness.reference(ins, dtype_name, op, factor)
-                    scale = None if harness.exact_kind(dtype_name, op) else harness.float_scale(ins, dtype_name, op, factor)
-                    bad = harness.compare(out, ref, dtype_name, op, scale)
+                    ref = reference.reference(ins, dtype_name, op, factor)
+                    scale = None if reference.exact_kind(dtype_name, op) else reference.float_scale(ins, dtype_name, op, factor)
+                    bad = reference.compare(out, ref, dtype_name, op, scale)
                     if bad:
                         failures.append(f"{case}: {bad}")
                 k += 1
@@ -120,8 +121,8 @@ def _rank_beside_gloo(ctx):
             dist.all_reduce(y, op=getattr(dist.ReduceOp, op), group=ctx.gloo)
             # The two sum in different orders: the tolerance scales with sum |x_i|, as against
             # the reference.
-            scale = None if harness.exact_kind(dtype_name, op) else harness.float_scale(ins, dtype_name, op)
-            bad = harness.compare(x.cpu(), y.cpu().to(torch.float64) if dtype_name.startswith("float")
+            scale = None if reference.exact_kind(dtype_name, op) else reference.float_scale(ins, dtype_name, op)
+            bad = reference.compare(x.cpu(), y.cpu().to(torch.float64) if dtype_name.startswith("float")
                                   else y.cpu(), dtype_name, op, scale, slack=2.0)
             if bad:
                 failures.append(f"{case}: differs from gloo: {bad}")
@@ -248,15 +249,15 @@ def _rank_kernels(ctx):
     ops = {"sum": torch.add, "product": torch.mul, "min": torch.minimum, "max": torch.maximum,
            "band": torch.bitwise_and, "bor": torch.bitwise_or, "bxor": torch.bitwise_xor}
     for dtype_name in DTYPE_NAMES:
-        dt = harness.dtype_of(dtype_name)
+        dt = reference.dtype_of(dtype_name)
         for name, f in ops.items():
-            if name.startswith("b") and dtype_name not in harness.INT_NAMES + ["bool"]:
+            if name.startswith("b") and dtype_name not in reference.INT_NAMES + ["bool"]:
                 continue
-            if name in ("min", "max") and dtype_name in harness.COMPLEX_NAMES:
+            if name in ("min", "max") and dtype_name in reference.COMPLEX_NAMES:
                 continue
             for count, off in ((1, 0), (4099, 1), (1 << 20, 3)):
-                a = harness.make_input(ctx.gen("ka", dtype_name, name, count, rank=0), dtype_name, count + off, "MAX", 2)
-                b = harness.make_input(ctx.gen("kb", dtype_name, name, count, rank=0), dtype_name, count + off, "MAX", 2)
+                a = reference.make_input(ctx.gen("ka", dtype_name, name, count, rank=0), dtype_name, count + off, "MAX", 2)
+                b = reference.make_input(ctx.gen("kb", dtype_name, name, count, rank=0), dtype_name, count + off, "MAX", 2)
                 a, b = a.to(dev)[off:], b.to(dev)[off:]
                 d = torch.empty(count + 1, device=dev, dtype=dt)[1:]
                 _C.reduce_tensors(d, a, b, name)
@@ -268,9 +269,9 @@ def _rank_kernels(ctx):
                     want = f(a.float(), b.float()).to(dt)
                 else:
                     want = f(a, b)
-                same = torch.equal(d, want) or (dtype_name in harness.FLOAT_NAMES and
+                same = torch.equal(d, want) or (dtype_name in reference.FLOAT_NAMES and
                                                 torch.equal(torch.nan_to_num(d), torch.nan_to_num(want)))
-                if not same and dtype_name in harness.COMPLEX_NAMES and name == "product":
+                if not same and dtype_name in reference.COMPLEX_NAMES and name == "product":
                     # torch multiplies complex numbers with FMAs; ringreduce rounds each product
                     # (bit-identical to its CPU kernel, which the C++ test checks): close, not equal.
                     same = torch.allclose(d, want, rtol=1e-5 if dtype_name == "complex64" else 1e-12)

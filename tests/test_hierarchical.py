@@ -20,7 +20,7 @@ import time
 import pytest
 
 import harness
-from harness import DTYPE_NAMES, ops_for
+from reference import DTYPE_NAMES, ops_for
 from test_allreduce import run_cases
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -8,7 +8,8 @@ from datetime import timedelta
 import pytest
 
 import harness
-from harness import DTYPE_NAMES
+import reference
+from reference import DTYPE_NAMES
 
 # 0, a few elements, and sizes that take several slots (default slot 128 KiB).
 COUNTS = [0, 1, 1009, 70001, 300_007]
@@ -16,7 +17,7 @@ OK_EXCEPTIONS = (RuntimeError, TimeoutError)
 
 
 def _payload(ctx, dtype_name, src, dst, tag, count):
-    return harness.make_input(ctx.gen("p2p", dtype_name, src, dst, tag, count), dtype_name, count,
+    return reference.make_input(ctx.gen("p2p", dtype_name, src, dst, tag, count), dtype_name, count,
                               "SUM", ctx.world_size)
 
 
@@ -38,7 +39,7 @@ def _exchange(ctx, group, dtype_name, counts):
         if src == r:
             continue
         for tag, count in reversed(list(enumerate(counts))):
-            t = torch.empty(count, dtype=harness.dtype_of(dtype_name))
+            t = torch.empty(count, dtype=reference.dtype_of(dtype_name))
             works.append(dist.irecv(t, src=src, group=group, tag=tag))
             recvs[(src, tag)] = t
     for w in works + sends:
@@ -143,7 +144,7 @@ def _rank_batch(ctx, group_name):
     group = ctx.group if group_name == "ringreduce" else ctx.gloo
     out = {}
     for count in (0, 17, 200_003):
-        send_r = harness.make_input(ctx.gen("batch", count, rank=r), "float32", count, "SUM", n)
+        send_r = reference.make_input(ctx.gen("batch", count, rank=r), "float32", count, "SUM", n)
         send_l = send_r * 2
         from_l, from_r = torch.empty(count), torch.empty(count)
         ops = [dist.P2POp(dist.isend, send_r, (r + 1) % n, group=group),
@@ -164,8 +165,8 @@ def _rank_batch_vs_gloo(ctx):
     failures = []
     for count, (from_l, from_r) in ours.items():
         l, rr = (r - 1) % n, (r + 1) % n
-        want_l = harness.make_input(ctx.gen("batch", count, rank=l), "float32", count, "SUM", n)
-        want_r = harness.make_input(ctx.gen("batch", count, rank=rr), "float32", count, "SUM", n) * 2
+        want_l = reference.make_input(ctx.gen("batch", count, rank=l), "float32", count, "SUM", n)
+        want_r = reference.make_input(ctx.gen("batch", count, rank=rr), "float32", count, "SUM", n) * 2
         if not torch.equal(from_l, want_l) or not torch.equal(from_r, want_r):
             failures.append(f"batch_isend_irecv count={count}: wrong data")
         if not (torch.equal(from_l, theirs[count][0]) and torch.equal(from_r, theirs[count][1])):

@@ -12,7 +12,8 @@ from datetime import timedelta
 import pytest
 
 import harness
-from harness import DTYPE_NAMES
+import reference
+from reference import DTYPE_NAMES
 
 WORLD = 4
 OK_EXCEPTIONS = (RuntimeError, ValueError, TypeError)  # DistBackendError is a RuntimeError
@@ -322,10 +323,10 @@ def _rank_broadcast(ctx, dtype_name, counts):
     def build(name, r, count, layout):
         gen = ctx.gen(name, rank=r)
         if layout is None:
-            b = harness.make_input(gen, dtype_name, count, "MAX", ctx.world_size)
+            b = reference.make_input(gen, dtype_name, count, "MAX", ctx.world_size)
             return b, b
         shape, view = BCAST_LAYOUTS[layout]
-        b = harness.make_input(gen, dtype_name, None, "MAX", ctx.world_size, shape=shape)
+        b = reference.make_input(gen, dtype_name, None, "MAX", ctx.world_size, shape=shape)
         return b, view(b)
 
     for root, count, layout, mode in cases:
@@ -354,7 +355,7 @@ def _rank_broadcast(ctx, dtype_name, counts):
             BCAST_LAYOUTS[layout][1](mask).fill_(False)
             if harness.digest(base[mask]) != harness.digest(base_before[mask]):
                 failures.append(f"{name}: rank {ctx.rank}: elements of the base outside the view were modified")
-        if harness.gloo_broadcast_supports(dtype_name):
+        if reference.gloo_broadcast_supports(dtype_name):
             g = build(name, ctx.rank, count, layout)[1].clone(memory_format=torch.contiguous_format)
             dist.broadcast(g, src=root, group=ctx.gloo)
             if harness.digest(g) != got:
@@ -450,7 +451,7 @@ def _rank_mismatch(ctx, backend, kind):
     dtype_name, count = spec(ctx.rank, ctx.world_size)
     failures = []
     g = dist.new_group(backend=backend, timeout=timedelta(seconds=20))
-    t = harness.make_input(ctx.gen("in", rank=ctx.rank), dtype_name, count, "SUM", ctx.world_size)
+    t = reference.make_input(ctx.gen("in", rank=ctx.rank), dtype_name, count, "SUM", ctx.world_size)
     before = harness.digest(t)
     name = f"mismatch {kind} (rank {ctx.rank}: {count} x {dtype_name}, {mode})"
     t0 = time.monotonic()

@@ -14,6 +14,7 @@ import socket
 import pytest
 
 import harness
+import reference
 
 TCP = {"RINGREDUCE_TRANSPORT": "tcp", "RINGREDUCE_TCP_SOCKETS": "3", "RINGREDUCE_SLICE_BYTES": "4K"}
 
@@ -38,19 +39,19 @@ def _rank_routes_and_sweep(ctx):
         failures.append(f"listening on {be.tcp_address()}, expected the loopback address that "
                         "reaches the local store")
     for dtype_name in ("float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8"):
-        for op in harness.ops_for(dtype_name):
-            if not harness.gloo_supports(dtype_name, op):
+        for op in reference.ops_for(dtype_name):
+            if not reference.gloo_supports(dtype_name, op):
                 continue
             for count in (0, 1, 1031, 70001):
                 gens = [ctx.gen(dtype_name, op, count, rank=q) for q in range(ctx.world_size)]
-                inputs = [harness.make_input(g, dtype_name, count, op, ctx.world_size) for g in gens]
+                inputs = [reference.make_input(g, dtype_name, count, op, ctx.world_size) for g in gens]
                 ours = inputs[ctx.rank].clone()
-                dist.all_reduce(ours, op=harness.reduce_op(op), group=ctx.group)
+                dist.all_reduce(ours, op=reference.reduce_op(op), group=ctx.group)
                 theirs = inputs[ctx.rank].clone()
-                dist.all_reduce(theirs, op=harness.reduce_op(op), group=ctx.gloo)
-                ref = harness.reference(inputs, dtype_name, op)
-                scale = None if harness.exact_kind(dtype_name, op) else harness.float_scale(inputs, dtype_name, op)
-                msg = harness.compare(ours, ref, dtype_name, op, scale)
+                dist.all_reduce(theirs, op=reference.reduce_op(op), group=ctx.gloo)
+                ref = reference.reference(inputs, dtype_name, op)
+                scale = None if reference.exact_kind(dtype_name, op) else reference.float_scale(inputs, dtype_name, op)
+                msg = reference.compare(ours, ref, dtype_name, op, scale)
                 if msg:
                     failures.append(f"{dtype_name} {op} count {count}: {msg}")
                 if not dtype_name.startswith(("float", "bfloat")) and not torch.equal(ours, theirs):
