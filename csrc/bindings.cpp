@@ -168,6 +168,9 @@ PYBIND11_MODULE(_C, m) {
   // across torch releases, so the Python side compares it with the running torch.
   m.attr("torch_version") = RINGREDUCE_TORCH_VERSION;
   m.attr("version") = RINGREDUCE_VERSION;
+  m.def("default_flight_dir", &ringreduce::FlightRecorder::default_dir,
+        "Where flight-recorder dumps go unless a directory is named: RINGREDUCE_FLIGHT_DIR, else "
+        "$TMPDIR/ringreduce-flight (/tmp/ringreduce-flight without TMPDIR).");
   m.def(
       "knobs",
       [] {

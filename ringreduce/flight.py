@@ -31,10 +31,10 @@ __all__ = ["dump", "default_dir", "load", "analyse", "main"]
 
 
 def default_dir() -> str:
-    d = os.environ.get("RINGREDUCE_FLIGHT_DIR")
-    if d:
-        return d
-    return os.path.join(os.environ.get("TMPDIR") or "/tmp", "ringreduce-flight")
+    """Where the ranks write their dumps unless told otherwise, as the extension defines it
+    (``RINGREDUCE_FLIGHT_DIR``, else ``$TMPDIR/ringreduce-flight``)."""
+    from ringreduce import load_extension
+    return load_extension().default_flight_dir()
 
 
 def dump(group=None, directory: str | None = None, reason: str = "requested") -> str:

@@ -177,3 +177,18 @@ def test_a_desync_dumps_every_rank_and_the_reader_shows_the_difference(ranks, st
 def test_the_reader_without_dumps_says_so(tmp_path):
     rc, _ = _reader([str(tmp_path)])
     assert rc == 2
+
+
+def test_the_default_directory_is_the_extensions(tmp_path, monkeypatch):
+    """ringreduce.flight looks where the ranks write: the extension's one definition of the
+    default directory (RINGREDUCE_FLIGHT_DIR, else $TMPDIR/ringreduce-flight, else /tmp's)."""
+    if harness.standin():
+        pytest.skip("the flight recorder is ringreduce's")
+    from ringreduce import flight
+    monkeypatch.setenv("RINGREDUCE_FLIGHT_DIR", str(tmp_path / "given"))
+    assert flight.default_dir() == str(tmp_path / "given")
+    monkeypatch.delenv("RINGREDUCE_FLIGHT_DIR")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    assert flight.default_dir() == str(tmp_path / "ringreduce-flight")
+    monkeypatch.delenv("TMPDIR")
+    assert flight.default_dir() == "/tmp/ringreduce-flight"

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "common/error.h"
@@ -89,6 +90,12 @@ const char* flight_state_name(FlightRecorder::State s) {
     case FlightRecorder::State::Failed: return "failed";
   }
   return "unknown";
+}
+
+std::string FlightRecorder::default_dir() {
+  if (const char* d = std::getenv("RINGREDUCE_FLIGHT_DIR"); d != nullptr && *d != '\0') return d;
+  const char* tmp = std::getenv("TMPDIR");
+  return std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/ringreduce-flight";
 }
 
 FlightRecorder::FlightRecorder(FlightMeta meta, size_t capacity)

@@ -33,6 +33,11 @@ class FlightRecorder {
   size_t capacity() const { return entries_.size(); }
   const FlightMeta& meta() const { return meta_; }
 
+  // Where dumps go unless the caller names a directory: RINGREDUCE_FLIGHT_DIR, else
+  // $TMPDIR/ringreduce-flight (/tmp/ringreduce-flight without TMPDIR). The one definition:
+  // ringreduce.flight asks for it (ringreduce._C.default_flight_dir()) to find the dumps.
+  static std::string default_dir();
+
   // An op got sequence number `seq` (numbers are issued in order, one per collective). `dims`
   // holds the shapes of its tensors, each ended by -1; `op` and `dtype` are static strings.
   // Copies into storage an earlier op left, so a full recorder allocates nothing.

@@ -104,12 +104,6 @@ size_t flight_capacity_from_env(int rank) {
   return static_cast<size_t>(n);
 }
 
-std::string flight_dir_from_env() {
-  if (const char* d = std::getenv("RINGREDUCE_FLIGHT_DIR"); d != nullptr && *d != '\0') return d;
-  const char* tmp = std::getenv("TMPDIR");
-  return std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/ringreduce-flight";
-}
-
 // The shapes of an op's tensors for the flight recorder, each ended by -1, into a buffer this
 // thread reuses (no allocation per op once it has grown).
 const std::vector<int64_t>& dims_of(const std::vector<at::Tensor>& ts) {
@@ -235,7 +229,7 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     const size_t remote = links_->tcp_peers().size();
     meta.transport = remote == 0 ? "shm" : remote + 1 == static_cast<size_t>(size) ? "tcp" : "mixed";
     flight_ = std::make_unique<FlightRecorder>(meta, flight_capacity_from_env(rank));
-    flight_dir_ = flight_dir_from_env();
+    flight_dir_ = FlightRecorder::default_dir();
     // A rank that is not in an op when a peer aborts the group (the rank the others timed out
     // waiting for, typically) dumps too, so that the reader sees every rank's last ops.
     queue_.set_idle([this] {
