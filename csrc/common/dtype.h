@@ -1,8 +1,8 @@
 // Element types and reduction ops as the core sees them: plain tags, no torch types.
 //
 // This is the one list of what ringreduce can reduce. The torch layer maps at::ScalarType and
-// c10d::ReduceOp onto these tags (csrc/backend/), and the kernels dispatch on them in exactly one
-// place (csrc/reduce/reduce_cpu.cpp).
+// c10d::ReduceOp onto these tags (csrc/backend/), and the CPU and CUDA kernels dispatch on them
+// from one list (csrc/reduce/kinds.h).
 #pragma once
 
 #include <cstddef>

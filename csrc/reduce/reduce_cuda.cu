@@ -41,6 +41,7 @@
 #include <utility>
 
 #include "common/error.h"
+#include "reduce/kinds.h"
 
 static_assert(std::is_same_v<ringreduce::cuda::Stream, cudaStream_t>,
               "reduce_cuda.h's Stream must be cudaStream_t");
@@ -512,23 +513,12 @@ void launch_map(void* dst, const void* src, size_t n, cudaStream_t s, F f) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The dispatch point
+// The dispatch point: the tags to kinds and op functors as reduce/kinds.h lists them
 
 template <class F>
 void with_kind(DType t, const char* what, F&& f) {
   switch (t) {
-    case DType::Float32: return f(Native<float>{});
-    case DType::Float64: return f(Native<double>{});
-    case DType::Float16: return f(Half{});
-    case DType::BFloat16: return f(BHalf{});
-    case DType::Int8: return f(Native<int8_t>{});
-    case DType::UInt8: return f(Native<uint8_t>{});
-    case DType::Int16: return f(Native<int16_t>{});
-    case DType::Int32: return f(Native<int32_t>{});
-    case DType::Int64: return f(Native<int64_t>{});
-    case DType::Bool: return f(Bool{});
-    case DType::Complex64: return f(Native<Complex<float>>{});
-    case DType::Complex128: return f(Native<Complex<double>>{});
+    RINGREDUCE_REDUCE_KINDS(RINGREDUCE_KIND_CASE)
   }
   throw Error(
       detail::cat("ringreduce cuda ", what, ": unknown dtype tag ", static_cast<unsigned>(t)));
@@ -537,13 +527,7 @@ void with_kind(DType t, const char* what, F&& f) {
 template <class F>
 void with_op(RedOp op, F&& f) {
   switch (op) {
-    case RedOp::Sum: return f(OpSum{});
-    case RedOp::Prod: return f(OpProd{});
-    case RedOp::Min: return f(OpMin{});
-    case RedOp::Max: return f(OpMax{});
-    case RedOp::BAnd: return f(OpBAnd{});
-    case RedOp::BOr: return f(OpBOr{});
-    case RedOp::BXor: return f(OpBXor{});
+    RINGREDUCE_REDUCE_OPS(RINGREDUCE_OP_CASE)
   }
   throw Error(detail::cat("ringreduce cuda reduce: unknown op tag ", static_cast<unsigned>(op)));
 }
