@@ -37,6 +37,21 @@ def project_version():
 VERSION = project_version()
 
 
+def build_config():
+    """build.cfg, which CMakeLists.txt reads too: {KEY: [words]}."""
+    cfg = {}
+    with open(os.path.join(ROOT, "build.cfg")) as f:
+        for line in f:
+            line = line.strip()
+            if line and not line.startswith("#"):
+                key, _, value = line.partition("=")
+                cfg[key.strip()] = value.split()
+    return cfg
+
+
+BUILD = build_config()
+
+
 def sources(*patterns):
     found = []
     for pattern in patterns:
@@ -44,18 +59,13 @@ def sources(*patterns):
     return sorted(found)
 
 
-# Sources that need the CUDA toolkit: the kernels, the device transports and the torch layer's
-# CUDA side. Built only when cuda_build_reason() says so.
-CUDA_SOURCES = sources("reduce/*.cu", "transport/cuda_ipc/*.cpp", "backend/cuda_side.cpp")
+# Sources that need the CUDA toolkit: the core's (build.cfg) and the torch layer's CUDA side.
+# Built only when cuda_build_reason() says so.
+CUDA_SOURCES = sources(*BUILD["CUDA_SOURCES"], "backend/cuda_side.cpp")
 
-# The torch-free core (also built on its own by CMakeLists.txt) and the torch layer.
+# The torch-free core (build.cfg; also built on its own by CMakeLists.txt) and the torch layer.
 CPU_SOURCES = [s for s in sources(
-    "common/*.cpp",
-    "reduce/*.cpp",
-    "transport/**/*.cpp",
-    "ring/*.cpp",
-    "algo/*.cpp",
-    "p2p/*.cpp",
+    *(f"{d}/**/*.cpp" for d in BUILD["CORE_DIRS"]),
     "backend/*.cpp",
     "bucket/*.cpp",
     "bindings.cpp",
@@ -85,10 +95,7 @@ with open(os.path.join(ROOT, "ringreduce", "_build_info.py"), "w") as f:
 
 cxx_flags = [
     "-O3",
-    "-fno-math-errno",
-    # No a*b+c fused into an FMA: whether it happens would depend on which ISA clone of a kernel
-    # runs, and every rank must compute the same bits.
-    "-ffp-contract=off",
+    *BUILD["CXX_FLAGS"],  # the numerics every build shares (build.cfg says why)
     "-Wall",
     "-Wno-unused-parameter",
     f'-DRINGREDUCE_TORCH_VERSION="{torch.__version__}"',
@@ -108,8 +115,8 @@ class BuildExt(cpp_extension.BuildExtension.with_options(use_ninja=True)):
 
 cuda_note = "built without CUDA: " + reason
 if with_cuda:
-    # sm_80 (A100) and sm_90 (H100) machine code, plus PTX for newer GPUs to compile at load.
-    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0+PTX")
+    # The GPUs of build.cfg, unless the caller names others.
+    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", ";".join(BUILD["CUDA_ARCHS"]))
     ext = cpp_extension.CUDAExtension(
         name="ringreduce._C",
         sources=CPU_SOURCES + CUDA_SOURCES,
@@ -117,8 +124,7 @@ if with_cuda:
         define_macros=[("RINGREDUCE_WITH_CUDA", "1")],
         extra_compile_args={
             "cxx": cxx_flags,
-            # No FMA contraction: every rank must compute the same bits as the CPU kernels.
-            "nvcc": ["-O3", "--fmad=false", "-std=c++17"],
+            "nvcc": BUILD["NVCC_FLAGS"] + ["-std=c++17"],
         },
         libraries=["rt"],
     )
