@@ -1,0 +1,158 @@
+#include "backend/tensor_checks.h"
+
+#include <c10/util/Exception.h>
+
+#include "backend/ring_backend.h"
+#include "common/error.h"
+
+namespace ringreduce {
+
+void fail(const std::string& msg) { C10_THROW_ERROR(DistBackendError, msg); }
+
+std::optional<DType> core_dtype(at::ScalarType s) {
+  switch (s) {
+    case at::kFloat: return DType::Float32;
+    case at::kDouble: return DType::Float64;
+    case at::kHalf: return DType::Float16;
+    case at::kBFloat16: return DType::BFloat16;
+    case at::kChar: return DType::Int8;
+    case at::kByte: return DType::UInt8;
+    case at::kShort: return DType::Int16;
+    case at::kInt: return DType::Int32;
+    case at::kLong: return DType::Int64;
+    case at::kBool: return DType::Bool;
+    case at::kComplexFloat: return DType::Complex64;
+    case at::kComplexDouble: return DType::Complex128;
+    default: return std::nullopt;
+  }
+}
+
+at::Tensor single_tensor(const std::vector<at::Tensor>& tensors, const char* op, int rank) {
+  if (tensors.size() != 1) {
+    fail(detail::cat("ringreduce ", op, ": rank ", rank, ": expected exactly one tensor, got ",
+                     tensors.size(), " (ringreduce runs one device per rank)"));
+  }
+  const at::Tensor& t = tensors[0];
+  if (!t.defined()) fail(detail::cat("ringreduce ", op, ": rank ", rank, ": the tensor is undefined"));
+  if (t.layout() != at::kStrided) {
+    fail(detail::cat("ringreduce ", op, ": rank ", rank, ": ", t.layout(),
+                     " tensors are not supported, only dense (strided) ones"));
+  }
+  if (!t.device().is_cpu() && !(kWithCuda && t.device().is_cuda())) {
+    fail(detail::cat("ringreduce ", op, ": rank ", rank, ": got a tensor on ", t.device(),
+                     "; ringreduce handles CPU", kWithCuda ? " and CUDA" : "", " tensors only",
+                     kWithCuda ? "" : detail::cat(" (", cuda_build_note(), ")")));
+  }
+  return t;
+}
+
+DType checked_dtype(const at::Tensor& t, const char* op, int rank) {
+  const auto d = core_dtype(t.scalar_type());
+  if (!d) {
+    fail(detail::cat("ringreduce ", op, ": rank ", rank, ": dtype ", t.scalar_type(),
+                     " is not supported (supported: float32, float64, float16, bfloat16, int8, "
+                     "uint8, int16, int32, int64, bool, complex64, complex128)"));
+  }
+  return *d;
+}
+
+Reduction checked_reduction(const c10d::ReduceOp& rop, DType d, const char* op, int rank, int size) {
+  Reduction r;
+  switch (rop.op_) {
+    case c10d::ReduceOp::SUM: r.op = RedOp::Sum; break;
+    case c10d::ReduceOp::PRODUCT: r.op = RedOp::Prod; break;
+    case c10d::ReduceOp::MIN: r.op = RedOp::Min; break;
+    case c10d::ReduceOp::MAX: r.op = RedOp::Max; break;
+    case c10d::ReduceOp::BAND: r.op = RedOp::BAnd; break;
+    case c10d::ReduceOp::BOR: r.op = RedOp::BOr; break;
+    case c10d::ReduceOp::BXOR: r.op = RedOp::BXor; break;
+    case c10d::ReduceOp::AVG:
+      if (d == DType::Bool) {
+        fail(detail::cat("ringreduce ", op, ": rank ", rank, ": AVG is not defined on bool tensors"));
+      }
+      r.divisor = size;
+      break;
+    case c10d::ReduceOp::PREMUL_SUM: {
+      if (!is_floating(d) && !is_complex(d)) {
+        fail(detail::cat("ringreduce ", op, ": rank ", rank, ": PREMUL_SUM needs a floating-point ",
+                         "or complex tensor, got ", dtype_name(d)));
+      }
+      // NCCLPreMulSumSupplement: the name both torch 2.11 and 2.13 have (2.13 calls it PreMulSumSupplement too).
+      const auto* supp = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(rop.supplement_.get());
+      if (supp == nullptr) {
+        fail(detail::cat("ringreduce ", op, ": rank ", rank,
+                         ": PREMUL_SUM without a factor (make it with _make_nccl_premul_sum)"));
+      }
+      if (supp->tensor_factor.defined()) {
+        if (supp->tensor_factor.numel() != 1) {
+          fail(detail::cat("ringreduce ", op, ": rank ", rank, ": PREMUL_SUM's factor tensor has ",
+                           supp->tensor_factor.numel(), " elements, expected 1"));
+        }
+        r.premul = supp->tensor_factor.to(at::kCPU).item<double>();
+      } else {
+        r.premul = supp->double_factor;
+      }
+      break;
+    }
+    default:
+      fail(detail::cat("ringreduce ", op, ": rank ", rank, ": reduce op ", static_cast<int>(rop.op_),
+                       " is not supported"));
+  }
+  if (const char* why = unsupported_reason(d, r.op)) {
+    fail(detail::cat("ringreduce ", op, ": rank ", rank, ": ", redop_name(r.op), " on ",
+                     dtype_name(d), ": ", why));
+  }
+  return r;
+}
+
+void check_same_dtype(const at::Tensor& a, const at::Tensor& b, const char* op, int rank,
+                      const char* what) {
+  if (a.scalar_type() != b.scalar_type()) {
+    fail(detail::cat("ringreduce ", op, ": rank ", rank, ": ", what, " has dtype ", a.scalar_type(),
+                     ", expected ", b.scalar_type(), " like the input"));
+  }
+}
+
+void check_list(const std::vector<at::Tensor>& list, const at::Tensor& like, int n, const char* op,
+                int rank, const char* what) {
+  if (static_cast<int>(list.size()) != n) {
+    fail(detail::cat("ringreduce ", op, ": rank ", rank, ": the ", what, " list has ", list.size(),
+                     " tensors, expected one per rank (", n, ")"));
+  }
+  for (size_t i = 0; i < list.size(); ++i) {
+    single_tensor({list[i]}, op, rank);
+    check_same_dtype(list[i], like, op, rank, what);
+    if (list[i].numel() != like.numel()) {
+      fail(detail::cat("ringreduce ", op, ": rank ", rank, ": ", what, " tensor ", i, " has ",
+                       list[i].numel(), " elements, expected ", like.numel()));
+    }
+  }
+}
+
+void check_pairs(size_t outputs, size_t inputs, const char* op, int rank) {
+  if (outputs != inputs) {
+    fail(detail::cat("ringreduce ", op, ": rank ", rank, ": ", outputs, " outputs for ", inputs,
+                     " inputs"));
+  }
+}
+
+void check_peer(int peer, int rank, int size, const char* op, const char* what) {
+  if (peer < 0 || peer >= size) {
+    fail(detail::cat("ringreduce ", op, ": rank ", rank, ": invalid ", what, " rank ", peer,
+                     " (group of ", size, ")"));
+  }
+  if (peer == rank) {
+    fail(detail::cat("ringreduce ", op, ": rank ", rank, ": ", what, " rank ", peer,
+                     " is this rank itself"));
+  }
+}
+
+int RingBackend::checked_root(int64_t root, const char* op) const {
+  if (root < 0 || root >= size_) {
+    fail(detail::cat("ringreduce ", op, ": rank ", rank_, ": root ", root,
+                     " is not a rank of this group (size ", size_, ")"));
+  }
+  return static_cast<int>(root);
+}
+
+}  // namespace ringreduce

@@ -1,0 +1,62 @@
+// The checks an entry point of RingBackend runs on the caller's tensors and arguments, on the
+// caller's thread, before it builds an op: one tensor per call, dense, on a device this build
+// handles, of a dtype and reduce op the kernels know, lists of the right length, roots and peers
+// inside the group. Each throws c10::DistBackendError naming the op and the rank.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+
+namespace ringreduce {
+
+#ifdef RINGREDUCE_WITH_CUDA
+constexpr bool kWithCuda = true;
+#else
+constexpr bool kWithCuda = false;
+#endif
+
+// Why this build has no CUDA side, as setup.py found at build time.
+inline const char* cuda_build_note() {
+#ifdef RINGREDUCE_CUDA_NOTE
+  return RINGREDUCE_CUDA_NOTE;
+#else
+  return "built without CUDA";
+#endif
+}
+
+// Throws c10::DistBackendError (torch.distributed.DistBackendError in Python) with `msg`.
+[[noreturn]] void fail(const std::string& msg);
+
+// The torch layer's one dtype dispatch point: at::ScalarType to the core's tag.
+std::optional<DType> core_dtype(at::ScalarType s);
+
+// What a c10d::ReduceOp means for the ring: a kernel op, plus AVG's divisor or PREMUL_SUM's factor.
+struct Reduction {
+  RedOp op = RedOp::Sum;
+  int64_t divisor = 1;
+  std::optional<double> premul;
+};
+
+// One CPU (or CUDA) tensor, strided, of a dtype ringreduce handles: anything else fails here, at
+// the call.
+at::Tensor single_tensor(const std::vector<at::Tensor>& tensors, const char* op, int rank);
+DType checked_dtype(const at::Tensor& t, const char* op, int rank);
+Reduction checked_reduction(const c10d::ReduceOp& rop, DType d, const char* op, int rank, int size);
+void check_same_dtype(const at::Tensor& a, const at::Tensor& b, const char* op, int rank,
+                      const char* what);
+// A list that must hold exactly `n` tensors shaped like `like` (CPU, same dtype and element count).
+void check_list(const std::vector<at::Tensor>& list, const at::Tensor& like, int n, const char* op,
+                int rank, const char* what);
+// A coalesced call's lists: as many outputs as inputs.
+void check_pairs(size_t outputs, size_t inputs, const char* op, int rank);
+// A point-to-point peer (`what`: "destination", "source"): in the group, and not this rank.
+void check_peer(int peer, int rank, int size, const char* op, const char* what);
+
+}  // namespace ringreduce
