@@ -83,35 +83,23 @@ RingBackend::Body in_order(std::vector<RingBackend::Body> parts) {
 }  // namespace
 
 c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const char* name,
+                                                    std::optional<c10::Device> device,
                                                     std::vector<at::Tensor> outputs,
                                                     const std::vector<at::Tensor>& inputs,
                                                     std::chrono::milliseconds timeout,
                                                     bool async_op, Body body) {
-  // Where the op runs: on the device of its tensors, which must all be on one.
-  std::optional<c10::Device> device;
-  for (const std::vector<at::Tensor>* list : {&std::as_const(outputs), &inputs}) {
-    for (const at::Tensor& t : *list) {
-      if (!t.defined()) continue;
-      if (!device) {
-        device = t.device();
-      } else if (t.device() != *device) {
-        fail(detail::cat("ringreduce ", name, ": rank ", rank_, ": the op's tensors are on ",
-                         *device, " and ", t.device(), "; they must all be on one device"));
-      }
-    }
-  }
+  // The entry point checked the tensors and found `device` (checked_device): nothing here fails
+  // for the caller's input. A build without CUDA never gets a CUDA device.
   std::function<void(const OpContext&, const Deadline&)> run;
-  const bool on_cuda = device && device->is_cuda();
-  if (on_cuda) {
+  const bool on_cuda = kWithCuda && device && device->is_cuda();
 #ifdef RINGREDUCE_WITH_CUDA
+  if (on_cuda) {
     std::vector<at::Tensor> used = outputs;
     used.insert(used.end(), inputs.begin(), inputs.end());
     run = cuda_->prepare(name, *device, used, std::move(body));
-#else
-    fail(detail::cat("ringreduce ", name, ": rank ", rank_, ": got a tensor on ", *device,
-                     "; this build of ringreduce handles CPU tensors only (", cuda_build_note(), ")"));
+  }
 #endif
-  } else {
+  if (!on_cuda) {
     run = [this, body = std::move(body)](const OpContext& ctx, const Deadline& dl) { body(*algo_, ctx, dl); };
   }
   std::unique_lock<std::mutex> lock(mu_);
@@ -206,21 +194,23 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allreduce(std::vector<at::Tensor>& t
   if (tensors_arg.size() == 1 && tensors_arg[0].defined() && tensors_arg[0].is_sparse()) {
     // The result replaces the caller's tensor's indices and values: its own TensorImpl, not held.
     const at::Tensor& t = tensors_arg[0];
-    return enqueue(c10d::OpType::ALLREDUCE, "allreduce", {t}, {}, opts.timeout, opts.asyncOp,
-                   sparse_allreduce_body(t, opts.reduceOp, rank_, size_));
+    // sparse_allreduce_body checks the tensor: sparse COO, on the CPU, reduced with SUM.
+    Body body = sparse_allreduce_body(t, opts.reduceOp, rank_, size_);
+    return enqueue(c10d::OpType::ALLREDUCE, "allreduce", t.device(), {t}, {}, opts.timeout,
+                   opts.asyncOp, std::move(body));
   }
   const auto tensors = held(tensors_arg, opts.asyncOp);
-  at::Tensor t = single_tensor(tensors, "allreduce", rank_);
-  return enqueue(c10d::OpType::ALLREDUCE, "allreduce", {t}, {}, opts.timeout, opts.asyncOp,
-                 allreduce_body(t, opts.reduceOp));
+  const char* name = "allreduce";
+  at::Tensor t = single_tensor(tensors, name, rank_);
+  const DType d = checked_dtype(t, name, rank_);
+  const Reduction red = checked_reduction(opts.reduceOp, d, name, rank_, size_);
+  const auto device = checked_device(name, rank_, {t}, {});
+  return enqueue(c10d::OpType::ALLREDUCE, name, device, {t}, {}, opts.timeout, opts.asyncOp,
+                 allreduce_body(t, d, red));
 }
 
-RingBackend::Body RingBackend::allreduce_body(const at::Tensor& t, const c10d::ReduceOp& rop) {
-  const char* name = "allreduce";
-  single_tensor({t}, name, rank_);
-  const DType d = checked_dtype(t, name, rank_);
-  const Reduction red = checked_reduction(rop, d, name, rank_, size_);
-
+// `t` passed single_tensor(), `d` is its dtype and `red` the reduction checked for it.
+RingBackend::Body RingBackend::allreduce_body(const at::Tensor& t, DType d, const Reduction& red) {
   at::NoGradGuard no_grad;
   // The ring works on contiguous memory. For a strided tensor it works on a private copy (owned
   // by this op) and writes the result back only on success, so a failure leaves the caller's
@@ -239,22 +229,15 @@ c10::intrusive_ptr<c10d::Work> RingBackend::_reduce_scatter_base(
     at::Tensor& output_arg, at::Tensor& input_arg, const c10d::ReduceScatterOptions& opts) {
   const auto output = held(output_arg, opts.asyncOp);
   const auto input = held(input_arg, opts.asyncOp);
-  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter", {output}, {input}, opts.timeout,
-                 opts.asyncOp, reduce_scatter_body(output, input, opts.reduceOp));
+  const auto [d, red] = checked_reduce_scatter(output, input, opts.reduceOp, rank_, size_);
+  const auto device = checked_device("reduce_scatter", rank_, {output}, {input});
+  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter", device, {output}, {input},
+                 opts.timeout, opts.asyncOp, reduce_scatter_body(output, input, d, red));
 }
 
+// `output` and `input` passed checked_reduce_scatter(), which returned `d` and `red`.
 RingBackend::Body RingBackend::reduce_scatter_body(const at::Tensor& output, const at::Tensor& input,
-                                                   const c10d::ReduceOp& rop) {
-  const char* name = "reduce_scatter";
-  single_tensor({output}, name, rank_);
-  single_tensor({input}, name, rank_);
-  check_same_dtype(output, input, name, rank_, "the output");
-  const DType d = checked_dtype(input, name, rank_);
-  const Reduction red = checked_reduction(rop, d, name, rank_, size_);
-  if (input.numel() != output.numel() * size_) {
-    fail(detail::cat("ringreduce reduce_scatter: rank ", rank_, ": the input has ", input.numel(),
-                     " elements, expected world size (", size_, ") x the output's ", output.numel()));
-  }
+                                                   DType d, const Reduction& red) {
   at::NoGradGuard no_grad;
   at::Tensor in = input.contiguous();
   if (red.premul) in = in.mul(*red.premul);  // this rank's contribution, scaled, owned by the op
@@ -281,6 +264,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::reduce_scatter(
   check_list(inputs[0], output, size_, name, rank_, "input");
   const DType d = checked_dtype(output, name, rank_);
   const Reduction red = checked_reduction(opts.reduceOp, d, name, rank_, size_);
+  const auto device = checked_device(name, rank_, {output}, inputs[0]);
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> in;  // contiguous (or scaled) copies where needed, owned by the op
   for (const at::Tensor& t : inputs[0]) in.push_back(red.premul ? t.mul(*red.premul) : t.contiguous());
@@ -292,7 +276,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::reduce_scatter(
     }
   }
   const size_t count = static_cast<size_t>(output.numel());
-  return enqueue(c10d::OpType::REDUCE_SCATTER, name, {output}, inputs[0], opts.timeout, opts.asyncOp,
+  return enqueue(c10d::OpType::REDUCE_SCATTER, name, device, {output}, inputs[0], opts.timeout, opts.asyncOp,
                  [this, output, in, out, d, red, count](Collectives& algo, const OpContext& ctx, const Deadline& dl) {
                    std::vector<void*> ptrs;
                    for (const at::Tensor& t : in) ptrs.push_back(t.data_ptr());
@@ -306,19 +290,14 @@ c10::intrusive_ptr<c10d::Work> RingBackend::_allgather_base(at::Tensor& output_a
                                                             const c10d::AllgatherOptions& opts) {
   const auto output = held(output_arg, opts.asyncOp);
   const auto input = held(input_arg, opts.asyncOp);
-  return enqueue(c10d::OpType::_ALLGATHER_BASE, "allgather", {output}, {input}, opts.timeout, opts.asyncOp,
-                 allgather_body(output, input));
+  check_allgather(output, input, rank_, size_);
+  const auto device = checked_device("allgather", rank_, {output}, {input});
+  return enqueue(c10d::OpType::_ALLGATHER_BASE, "allgather", device, {output}, {input}, opts.timeout,
+                 opts.asyncOp, allgather_body(output, input));
 }
 
+// `output` and `input` passed check_allgather().
 RingBackend::Body RingBackend::allgather_body(const at::Tensor& output, const at::Tensor& input) {
-  const char* name = "allgather";
-  single_tensor({output}, name, rank_);
-  single_tensor({input}, name, rank_);
-  check_same_dtype(output, input, name, rank_, "the output");
-  if (output.numel() != input.numel() * size_) {
-    fail(detail::cat("ringreduce allgather: rank ", rank_, ": the output has ", output.numel(),
-                     " elements, expected world size (", size_, ") x the input's ", input.numel()));
-  }
   const auto [d, count] = as_moved(input);  // all-gather only moves bytes: any dtype
   at::NoGradGuard no_grad;
   at::Tensor in = input.contiguous();
@@ -347,14 +326,15 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allgather(std::vector<std::vector<at
     fail(detail::cat("ringreduce allgather: rank ", rank_, ": expected one output list, got ",
                      outputs.size()));
   }
-  return enqueue(c10d::OpType::ALLGATHER, "allgather", outputs[0], {input}, opts.timeout, opts.asyncOp,
-                 allgather_list_body(outputs[0], input));
+  check_list(outputs[0], input, size_, "allgather", rank_, "output");
+  const auto device = checked_device("allgather", rank_, outputs[0], {input});
+  return enqueue(c10d::OpType::ALLGATHER, "allgather", device, outputs[0], {input}, opts.timeout,
+                 opts.asyncOp, allgather_list_body(outputs[0], input));
 }
 
+// `outputs` passed check_list() against `input`: one per rank, each like the input.
 RingBackend::Body RingBackend::allgather_list_body(const std::vector<at::Tensor>& outputs,
                                                    const at::Tensor& input) {
-  const char* name = "allgather";
-  check_list(outputs, input, size_, name, rank_, "output");
   const auto [d, count] = as_moved(input);
   at::NoGradGuard no_grad;
   at::Tensor in = input.contiguous();
@@ -379,14 +359,15 @@ c10::intrusive_ptr<c10d::Work> RingBackend::reduce(std::vector<at::Tensor>& tens
   const auto tensors = held(tensors_arg, opts.asyncOp);
   const char* name = "reduce";
   at::Tensor t = single_tensor(tensors, name, rank_);
-  const int root = checked_root(opts.rootRank, name);
+  const int root = checked_root(opts.rootRank, name, rank_, size_);
   const DType d = checked_dtype(t, name, rank_);
   const Reduction red = checked_reduction(opts.reduceOp, d, name, rank_, size_);
+  const auto device = checked_device(name, rank_, {t}, {});
   at::NoGradGuard no_grad;
   at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
   at::Tensor in = red.premul ? buf.mul(*red.premul) : buf;
   // Only the root's tensor is written; the others keep their values, as with torch's backends.
-  return enqueue(c10d::OpType::REDUCE, name, {t}, {}, opts.timeout, opts.asyncOp,
+  return enqueue(c10d::OpType::REDUCE, name, device, {t}, {}, opts.timeout, opts.asyncOp,
                  [this, t, buf, in, d, red, root](Collectives& algo, const OpContext& ctx, const Deadline& dl) {
                    algo.reduce(in.data_ptr(), buf.data_ptr(), static_cast<size_t>(buf.numel()), d,
                                  red.op, red.divisor, root, ctx, dl);
@@ -401,7 +382,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::gather(std::vector<std::vector<at::T
   const auto inputs = held(inputs_arg, opts.asyncOp);
   const char* name = "gather";
   at::Tensor input = single_tensor(inputs, name, rank_);
-  const int root = checked_root(opts.rootRank, name);
+  const int root = checked_root(opts.rootRank, name, rank_, size_);
   std::vector<at::Tensor> user;
   if (rank_ == root) {
     if (outputs.size() != 1) {
@@ -414,11 +395,12 @@ c10::intrusive_ptr<c10d::Work> RingBackend::gather(std::vector<std::vector<at::T
     fail(detail::cat("ringreduce gather: rank ", rank_, ": only the root (", root,
                      ") takes an output list"));
   }
+  const auto device = checked_device(name, rank_, user, {input});
   const auto [d, count] = as_moved(input);
   at::NoGradGuard no_grad;
   at::Tensor in = input.contiguous();
   std::vector<at::Tensor> bufs = writable_list(user);
-  return enqueue(c10d::OpType::GATHER, name, user, {input}, opts.timeout, opts.asyncOp,
+  return enqueue(c10d::OpType::GATHER, name, device, user, {input}, opts.timeout, opts.asyncOp,
                  [this, in, user, bufs, d = d, count = count, root](Collectives& algo, const OpContext& ctx,
                                                                     const Deadline& dl) {
                    std::vector<void*> ptrs = pointers(bufs);
@@ -434,7 +416,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::scatter(std::vector<at::Tensor>& out
   const auto inputs = held(inputs_arg, opts.asyncOp);
   const char* name = "scatter";
   at::Tensor output = single_tensor(outputs, name, rank_);
-  const int root = checked_root(opts.rootRank, name);
+  const int root = checked_root(opts.rootRank, name, rank_, size_);
   std::vector<at::Tensor> ins;
   if (rank_ == root) {
     if (inputs.size() != 1) {
@@ -447,10 +429,11 @@ c10::intrusive_ptr<c10d::Work> RingBackend::scatter(std::vector<at::Tensor>& out
     fail(detail::cat("ringreduce scatter: rank ", rank_, ": only the root (", root,
                      ") takes an input list"));
   }
+  const auto device = checked_device(name, rank_, {output}, ins);  // ins: on the inputs' device
   const auto [d, count] = as_moved(output);
   at::NoGradGuard no_grad;
   at::Tensor out = output.is_contiguous() ? output : at::empty(output.sizes(), output.options());
-  return enqueue(c10d::OpType::SCATTER, name, {output}, ins, opts.timeout, opts.asyncOp,
+  return enqueue(c10d::OpType::SCATTER, name, device, {output}, ins, opts.timeout, opts.asyncOp,
                  [this, ins, output, out, d = d, count = count, root](Collectives& algo, const OpContext& ctx,
                                                                       const Deadline& dl) {
                    std::vector<void*> ptrs = pointers(ins);
@@ -494,13 +477,14 @@ c10::intrusive_ptr<c10d::Work> RingBackend::alltoall_base(at::Tensor& output_arg
   };
   std::vector<size_t> send = counts(input, input_split_sizes, "input");
   std::vector<size_t> recv = counts(output, output_split_sizes, "output");
+  const auto device = checked_device(name, rank_, {output}, {input});
   const auto [d, elem_scale] = moved_as(input);
   for (auto& x : send) x *= elem_scale;
   for (auto& x : recv) x *= elem_scale;
   at::NoGradGuard no_grad;
   at::Tensor in = input.contiguous();
   at::Tensor out = writable(output, in);
-  return enqueue(c10d::OpType::ALLTOALL_BASE, name, {output}, {input}, opts.timeout, opts.asyncOp,
+  return enqueue(c10d::OpType::ALLTOALL_BASE, name, device, {output}, {input}, opts.timeout, opts.asyncOp,
                  [this, in, output, out, send, recv, d = d](Collectives& algo, const OpContext& ctx, const Deadline& dl) {
                    const size_t es = dtype_size(d);
                    std::vector<void*> ip, op;
@@ -533,6 +517,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::alltoall(std::vector<at::Tensor>& ou
     check_same_dtype(outputs[p], inputs[0], name, rank_, "an output");
     check_same_dtype(inputs[p], inputs[0], name, rank_, "an input");
   }
+  const auto device = checked_device(name, rank_, outputs, inputs);
   const auto [d, scale] = moved_as(inputs[0]);
   std::vector<size_t> send, recv;
   for (int p = 0; p < size_; ++p) {
@@ -549,7 +534,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::alltoall(std::vector<at::Tensor>& ou
     for (const at::Tensor& i : ins) clear = clear && at::get_overlap_status(t, i) == at::MemOverlapStatus::No;
     bufs.push_back(clear ? t : at::empty(t.sizes(), t.options()));
   }
-  return enqueue(c10d::OpType::ALLTOALL, name, user, inputs, opts.timeout, opts.asyncOp,
+  return enqueue(c10d::OpType::ALLTOALL, name, device, user, inputs, opts.timeout, opts.asyncOp,
                  [this, ins, user, bufs, send, recv, d = d](Collectives& algo, const OpContext& ctx, const Deadline& dl) {
                    std::vector<void*> ip = pointers(ins), op = pointers(bufs);
                    algo.alltoall(Chunks(&ip), send, Chunks(&op), recv, d, ctx, dl);
@@ -561,9 +546,15 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allreduce_coalesced(
     std::vector<at::Tensor>& tensors_arg, const c10d::AllreduceCoalescedOptions& opts) {
   const auto tensors = held(tensors_arg, opts.asyncOp);
   std::vector<Body> parts;
-  for (const at::Tensor& t : tensors) parts.push_back(allreduce_body(t, opts.reduceOp));
-  return enqueue(c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", tensors, {}, opts.timeout,
-                 opts.asyncOp, in_order(std::move(parts)));
+  for (const at::Tensor& t : tensors) {
+    single_tensor({t}, "allreduce", rank_);
+    const DType d = checked_dtype(t, "allreduce", rank_);
+    const Reduction red = checked_reduction(opts.reduceOp, d, "allreduce", rank_, size_);
+    parts.push_back(allreduce_body(t, d, red));
+  }
+  const auto device = checked_device("allreduce_coalesced", rank_, tensors, {});
+  return enqueue(c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", device, tensors, {},
+                 opts.timeout, opts.asyncOp, in_order(std::move(parts)));
 }
 
 c10::intrusive_ptr<c10d::Work> RingBackend::allgather_into_tensor_coalesced(
@@ -573,9 +564,13 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allgather_into_tensor_coalesced(
   const auto inputs = held(inputs_arg, opts.asyncOp);
   check_pairs(outputs.size(), inputs.size(), "allgather_into_tensor_coalesced", rank_);
   std::vector<Body> parts;
-  for (size_t i = 0; i < outputs.size(); ++i) parts.push_back(allgather_body(outputs[i], inputs[i]));
-  return enqueue(c10d::OpType::COALESCED, "allgather_into_tensor_coalesced", outputs, inputs, opts.timeout,
-                 opts.asyncOp, in_order(std::move(parts)));
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    check_allgather(outputs[i], inputs[i], rank_, size_);
+    parts.push_back(allgather_body(outputs[i], inputs[i]));
+  }
+  const auto device = checked_device("allgather_into_tensor_coalesced", rank_, outputs, inputs);
+  return enqueue(c10d::OpType::COALESCED, "allgather_into_tensor_coalesced", device, outputs, inputs,
+                 opts.timeout, opts.asyncOp, in_order(std::move(parts)));
 }
 
 c10::intrusive_ptr<c10d::Work> RingBackend::reduce_scatter_tensor_coalesced(
@@ -586,10 +581,12 @@ c10::intrusive_ptr<c10d::Work> RingBackend::reduce_scatter_tensor_coalesced(
   check_pairs(outputs.size(), inputs.size(), "reduce_scatter_tensor_coalesced", rank_);
   std::vector<Body> parts;
   for (size_t i = 0; i < outputs.size(); ++i) {
-    parts.push_back(reduce_scatter_body(outputs[i], inputs[i], opts.reduceOp));
+    const auto [d, red] = checked_reduce_scatter(outputs[i], inputs[i], opts.reduceOp, rank_, size_);
+    parts.push_back(reduce_scatter_body(outputs[i], inputs[i], d, red));
   }
-  return enqueue(c10d::OpType::COALESCED, "reduce_scatter_tensor_coalesced", outputs, inputs, opts.timeout,
-                 opts.asyncOp, in_order(std::move(parts)));
+  const auto device = checked_device("reduce_scatter_tensor_coalesced", rank_, outputs, inputs);
+  return enqueue(c10d::OpType::COALESCED, "reduce_scatter_tensor_coalesced", device, outputs, inputs,
+                 opts.timeout, opts.asyncOp, in_order(std::move(parts)));
 }
 
 c10::intrusive_ptr<c10d::Work> RingBackend::allgather_coalesced(
@@ -615,12 +612,14 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allgather_coalesced(
   for (size_t i = 0; i < inputs.size(); ++i) {
     std::vector<at::Tensor> gathered;  // input i of every rank
     for (const std::vector<at::Tensor>& list : output_lists) gathered.push_back(list[i]);
+    check_list(gathered, inputs[i], size_, "allgather", rank_, "output");
     parts.push_back(allgather_list_body(gathered, inputs[i]));
   }
   for (const std::vector<at::Tensor>& list : output_lists) {
     outputs.insert(outputs.end(), list.begin(), list.end());
   }
-  return enqueue(c10d::OpType::ALLGATHER_COALESCED, "allgather_coalesced", outputs, inputs, opts.timeout,
+  const auto device = checked_device(name, rank_, outputs, inputs);
+  return enqueue(c10d::OpType::ALLGATHER_COALESCED, name, device, outputs, inputs, opts.timeout,
                  opts.asyncOp, in_order(std::move(parts)));
 }
 
@@ -629,16 +628,17 @@ c10::intrusive_ptr<c10d::Work> RingBackend::broadcast(std::vector<at::Tensor>& t
   const auto tensors = held(tensors_arg, opts.asyncOp);
   const char* name = "broadcast";
   at::Tensor t = single_tensor(tensors, name, rank_);
-  const int root = checked_root(opts.rootRank, name);
+  const int root = checked_root(opts.rootRank, name, rank_, size_);
   if (opts.rootTensor != 0) {
     fail(detail::cat("ringreduce broadcast: rank ", rank_, ": root tensor ", opts.rootTensor,
                      " does not exist: one tensor per rank"));
   }
   const auto [d, count] = as_moved(t);  // broadcast only moves bytes: any dtype
+  const auto device = checked_device(name, rank_, {t}, {});
 
   at::NoGradGuard no_grad;
   at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
-  return enqueue(c10d::OpType::BROADCAST, name, {t}, {}, opts.timeout, opts.asyncOp,
+  return enqueue(c10d::OpType::BROADCAST, name, device, {t}, {}, opts.timeout, opts.asyncOp,
                  [this, t, buf, d = d, count = count, root](Collectives& algo, const OpContext& ctx, const Deadline& dl) {
                    algo.broadcast(buf.data_ptr(), count, d, root, ctx, dl);
                    if (!buf.is_same(t) && rank_ != root) t.copy_(buf);
@@ -652,7 +652,7 @@ void RingBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAl
 }
 
 c10::intrusive_ptr<c10d::Work> RingBackend::barrier(const c10d::BarrierOptions& opts) {
-  return enqueue(c10d::OpType::BARRIER, "barrier", {}, {}, opts.timeout, opts.asyncOp,
+  return enqueue(c10d::OpType::BARRIER, "barrier", std::nullopt, {}, {}, opts.timeout, opts.asyncOp,
                  [this](Collectives& algo, const OpContext& ctx, const Deadline& dl) { algo.barrier(ctx, dl); });
 }
 

@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,7 @@
 #include "backend/op_queue.h"
 #include "backend/work.h"
 #include "common/deadline.h"
+#include "common/dtype.h"
 
 namespace ringreduce {
 
@@ -30,6 +32,7 @@ class Collectives;
 class Links;
 class Ring;
 class P2p;
+struct Reduction;
 
 // dst = a op b, element-wise, with ringreduce's kernels: the CPU ones, or the CUDA ones on the
 // current stream. `op`: "sum", "product", "min", "max", "band", "bor", "bxor". For tests and the
@@ -161,12 +164,14 @@ class RingBackend final : public c10d::Backend {
   using Body = RingBody;
 
  private:
-  Body allreduce_body(const at::Tensor& t, const c10d::ReduceOp& rop);
-  Body reduce_scatter_body(const at::Tensor& output, const at::Tensor& input,
-                           const c10d::ReduceOp& rop);
+  // The ops that more than one entry point builds. Each takes tensors that its callers have
+  // checked (tensor_checks.h), with the dtype and reduction the checks returned, and checks
+  // nothing again.
+  Body allreduce_body(const at::Tensor& t, DType d, const Reduction& red);
+  Body reduce_scatter_body(const at::Tensor& output, const at::Tensor& input, DType d,
+                           const Reduction& red);
   Body allgather_body(const at::Tensor& output, const at::Tensor& input);
   Body allgather_list_body(const std::vector<at::Tensor>& outputs, const at::Tensor& input);
-  int checked_root(int64_t root, const char* op) const;
   std::chrono::milliseconds current_timeout();  // setTimeout may change it from another thread
   // The first op of the group that fails dumps the flight recorder (a line on stderr says where),
   // as does a rank that finds the group aborted while it is in no op.
@@ -176,9 +181,10 @@ class RingBackend final : public c10d::Backend {
 
   // Gives the op its sequence number and queues it; a synchronous op (async_op false) runs on the
   // calling thread instead when the queue is idle.
-  // `outputs` and `inputs` are the caller's tensors: the device they are on (all on one) picks
-  // the ring.
+  // `outputs` and `inputs` are the caller's tensors, every one checked by the entry point, and
+  // `device` what checked_device() found them on: it picks the ring.
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* name,
+                                         std::optional<c10::Device> device,
                                          std::vector<at::Tensor> outputs,
                                          const std::vector<at::Tensor>& inputs,
                                          std::chrono::milliseconds timeout, bool async_op,

@@ -2,7 +2,6 @@
 
 #include <c10/util/Exception.h>
 
-#include "backend/ring_backend.h"
 #include "common/error.h"
 
 namespace ringreduce {
@@ -147,12 +146,60 @@ void check_peer(int peer, int rank, int size, const char* op, const char* what) 
   }
 }
 
-int RingBackend::checked_root(int64_t root, const char* op) const {
-  if (root < 0 || root >= size_) {
-    fail(detail::cat("ringreduce ", op, ": rank ", rank_, ": root ", root,
-                     " is not a rank of this group (size ", size_, ")"));
+int checked_root(int64_t root, const char* op, int rank, int size) {
+  if (root < 0 || root >= size) {
+    fail(detail::cat("ringreduce ", op, ": rank ", rank, ": root ", root,
+                     " is not a rank of this group (size ", size, ")"));
   }
   return static_cast<int>(root);
+}
+
+std::pair<DType, Reduction> checked_reduce_scatter(const at::Tensor& output, const at::Tensor& input,
+                                                   const c10d::ReduceOp& rop, int rank, int size) {
+  const char* name = "reduce_scatter";
+  single_tensor({output}, name, rank);
+  single_tensor({input}, name, rank);
+  check_same_dtype(output, input, name, rank, "the output");
+  const DType d = checked_dtype(input, name, rank);
+  const Reduction red = checked_reduction(rop, d, name, rank, size);
+  if (input.numel() != output.numel() * size) {
+    fail(detail::cat("ringreduce reduce_scatter: rank ", rank, ": the input has ", input.numel(),
+                     " elements, expected world size (", size, ") x the output's ", output.numel()));
+  }
+  return {d, red};
+}
+
+void check_allgather(const at::Tensor& output, const at::Tensor& input, int rank, int size) {
+  const char* name = "allgather";
+  single_tensor({output}, name, rank);
+  single_tensor({input}, name, rank);
+  check_same_dtype(output, input, name, rank, "the output");
+  if (output.numel() != input.numel() * size) {
+    fail(detail::cat("ringreduce allgather: rank ", rank, ": the output has ", output.numel(),
+                     " elements, expected world size (", size, ") x the input's ", input.numel()));
+  }
+}
+
+std::optional<c10::Device> checked_device(const char* op, int rank,
+                                          const std::vector<at::Tensor>& outputs,
+                                          const std::vector<at::Tensor>& inputs) {
+  std::optional<c10::Device> device;
+  for (const std::vector<at::Tensor>* list : {&outputs, &inputs}) {
+    for (const at::Tensor& t : *list) {
+      if (!t.defined()) continue;
+      if (!device) {
+        device = t.device();
+      } else if (t.device() != *device) {
+        fail(detail::cat("ringreduce ", op, ": rank ", rank, ": the op's tensors are on ",
+                         *device, " and ", t.device(), "; they must all be on one device"));
+      }
+    }
+  }
+  if (!kWithCuda && device && device->is_cuda()) {
+    fail(detail::cat("ringreduce ", op, ": rank ", rank, ": got a tensor on ", *device,
+                     "; this build of ringreduce handles CPU tensors only (", cuda_build_note(), ")"));
+  }
+  return device;
 }
 
 }  // namespace ringreduce

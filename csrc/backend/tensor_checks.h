@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/dtype.h"
@@ -54,9 +55,25 @@ void check_same_dtype(const at::Tensor& a, const at::Tensor& b, const char* op, 
 // A list that must hold exactly `n` tensors shaped like `like` (CPU, same dtype and element count).
 void check_list(const std::vector<at::Tensor>& list, const at::Tensor& like, int n, const char* op,
                 int rank, const char* what);
+// One reduce-scatter pair: one tensor each, of one dtype the kernels know, the input world size
+// times the output's elements. Returns the dtype and what `rop` means for it.
+std::pair<DType, Reduction> checked_reduce_scatter(const at::Tensor& output, const at::Tensor& input,
+                                                   const c10d::ReduceOp& rop, int rank, int size);
+// One all-gather pair: one tensor each, of one dtype (any: all-gather only moves bytes), the
+// output world size times the input's elements.
+void check_allgather(const at::Tensor& output, const at::Tensor& input, int rank, int size);
+// A root rank of the group.
+int checked_root(int64_t root, const char* op, int rank, int size);
 // A coalesced call's lists: as many outputs as inputs.
 void check_pairs(size_t outputs, size_t inputs, const char* op, int rank);
 // A point-to-point peer (`what`: "destination", "source"): in the group, and not this rank.
 void check_peer(int peer, int rank, int size, const char* op, const char* what);
+
+// The last check of an op, once each of its tensors passed the others: every defined tensor of
+// `outputs` and `inputs` on one device, which it returns (none for an op without tensors) and
+// where the op runs. A CUDA device fails here in a build without CUDA.
+std::optional<c10::Device> checked_device(const char* op, int rank,
+                                          const std::vector<at::Tensor>& outputs,
+                                          const std::vector<at::Tensor>& inputs);
 
 }  // namespace ringreduce
