@@ -258,7 +258,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::reduce_scatter(
   const char* name = "reduce_scatter";
   at::Tensor output = single_tensor(outputs, name, rank_);
   if (inputs.size() != 1) {
-    fail(detail::cat("ringreduce reduce_scatter: rank ", rank_, ": expected one input list, got ",
+    fail(detail::cat(op_prefix("reduce_scatter", rank_), "expected one input list, got ",
                      inputs.size()));
   }
   check_list(inputs[0], output, size_, name, rank_, "input");
@@ -323,7 +323,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allgather(std::vector<std::vector<at
   const auto inputs = held(inputs_arg, opts.asyncOp);
   at::Tensor input = single_tensor(inputs, "allgather", rank_);
   if (outputs.size() != 1) {
-    fail(detail::cat("ringreduce allgather: rank ", rank_, ": expected one output list, got ",
+    fail(detail::cat(op_prefix("allgather", rank_), "expected one output list, got ",
                      outputs.size()));
   }
   check_list(outputs[0], input, size_, "allgather", rank_, "output");
@@ -392,7 +392,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::gather(std::vector<std::vector<at::T
     check_list(outputs[0], input, size_, name, rank_, "output");
     user = outputs[0];
   } else if (!outputs.empty() && !outputs[0].empty()) {
-    fail(detail::cat("ringreduce gather: rank ", rank_, ": only the root (", root,
+    fail(detail::cat(op_prefix("gather", rank_), "only the root (", root,
                      ") takes an output list"));
   }
   const auto device = checked_device(name, rank_, user, {input});
@@ -426,7 +426,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::scatter(std::vector<at::Tensor>& out
     check_list(inputs[0], output, size_, name, rank_, "input");
     for (const at::Tensor& t : inputs[0]) ins.push_back(t.contiguous());
   } else if (!inputs.empty() && !inputs[0].empty()) {
-    fail(detail::cat("ringreduce scatter: rank ", rank_, ": only the root (", root,
+    fail(detail::cat(op_prefix("scatter", rank_), "only the root (", root,
                      ") takes an input list"));
   }
   const auto device = checked_device(name, rank_, {output}, ins);  // ins: on the inputs' device
@@ -459,7 +459,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::alltoall_base(at::Tensor& output_arg
     std::vector<size_t> c(size_);
     if (splits.empty()) {
       if (rows % size_ != 0) {
-        fail(detail::cat("ringreduce alltoall: rank ", rank_, ": the ", what, "'s first dimension (",
+        fail(detail::cat(op_prefix("alltoall", rank_), "the ", what, "'s first dimension (",
                          rows, ") does not divide by the world size (", size_, ")"));
       }
       for (auto& x : c) x = static_cast<size_t>(rows / size_ * row_elems);
@@ -469,7 +469,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::alltoall_base(at::Tensor& output_arg
     for (int64_t v : splits) total += v;
     if (static_cast<int>(splits.size()) != size_ || total != rows ||
         std::any_of(splits.begin(), splits.end(), [](int64_t v) { return v < 0; })) {
-      fail(detail::cat("ringreduce alltoall: rank ", rank_, ": ", what, " split sizes must be ",
+      fail(detail::cat(op_prefix("alltoall", rank_), what, " split sizes must be ",
                        size_, " non-negative numbers adding up to the first dimension (", rows, ")"));
     }
     for (int p = 0; p < size_; ++p) c[p] = static_cast<size_t>(splits[p] * row_elems);
@@ -508,7 +508,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::alltoall(std::vector<at::Tensor>& ou
   const auto inputs = held(inputs_arg, opts.asyncOp);
   const char* name = "alltoall";
   if (static_cast<int>(outputs.size()) != size_ || static_cast<int>(inputs.size()) != size_) {
-    fail(detail::cat("ringreduce alltoall: rank ", rank_, ": expected ", size_,
+    fail(detail::cat(op_prefix("alltoall", rank_), "expected ", size_,
                      " input and output tensors, got ", inputs.size(), " and ", outputs.size()));
   }
   for (int p = 0; p < size_; ++p) {
@@ -598,12 +598,12 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allgather_coalesced(
   // one tensor per input; output_lists[r][i] receives rank r's input i.
   const char* name = "allgather_coalesced";
   if (output_lists.size() != static_cast<size_t>(size_)) {
-    fail(detail::cat("ringreduce ", name, ": rank ", rank_, ": expected one output list per rank (",
+    fail(detail::cat(op_prefix(name, rank_), "expected one output list per rank (",
                      size_, "), got ", output_lists.size()));
   }
   for (size_t r = 0; r < output_lists.size(); ++r) {
     if (output_lists[r].size() != inputs.size()) {
-      fail(detail::cat("ringreduce ", name, ": rank ", rank_, ": output list ", r, " has ",
+      fail(detail::cat(op_prefix(name, rank_), "output list ", r, " has ",
                        output_lists[r].size(), " tensors for ", inputs.size(), " inputs"));
     }
   }
@@ -630,7 +630,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::broadcast(std::vector<at::Tensor>& t
   at::Tensor t = single_tensor(tensors, name, rank_);
   const int root = checked_root(opts.rootRank, name, rank_, size_);
   if (opts.rootTensor != 0) {
-    fail(detail::cat("ringreduce broadcast: rank ", rank_, ": root tensor ", opts.rootTensor,
+    fail(detail::cat(op_prefix("broadcast", rank_), "root tensor ", opts.rootTensor,
                      " does not exist: one tensor per rank"));
   }
   const auto [d, count] = as_moved(t);  // broadcast only moves bytes: any dtype

@@ -108,7 +108,7 @@ std::function<void(const OpContext&, const Deadline&)> CudaSide::prepare(
       m.comm = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device.index());
     } else if (*m.device != device) {
       C10_THROW_ERROR(DistBackendError,
-                      detail::cat("ringreduce ", op, ": rank ", m.rank, ": got a tensor on ", device,
+                      detail::cat(op_prefix(op, m.rank), "got a tensor on ", device,
                                   ", but this group's CUDA ops run on ", *m.device,
                                   " (one device per rank and group)"));
     }
@@ -132,8 +132,8 @@ std::function<void(const OpContext&, const Deadline&)> CudaSide::prepare(
     const std::string host_abort = m.host.abort_reason();
     if (!host_abort.empty()) {
       if (m.ipc) m.ipc->abort_group(host_abort);
-      throw AbortedError(detail::cat("ringreduce ", ctx.name, " #", ctx.seq, ": rank ", m.rank,
-                                     ": the group was aborted: ", host_abort));
+      throw AbortedError(detail::cat(op_prefix(ctx.name, ctx.seq, m.rank),
+                                     "the group was aborted: ", host_abort));
     }
     c10::cuda::CUDAGuard guard(device);
     c10::cuda::CUDAStreamGuard on_comm(comm);
@@ -143,8 +143,8 @@ std::function<void(const OpContext&, const Deadline&)> CudaSide::prepare(
       const cudaError_t err = cudaStreamSynchronize(comm.stream());
       if (err != cudaSuccess) {
         cudaGetLastError();
-        throw Error(detail::cat("ringreduce ", ctx.name, " #", ctx.seq, ": rank ", m.rank,
-                                ": a CUDA kernel of the op failed: ", cudaGetErrorString(err)));
+        throw Error(detail::cat(op_prefix(ctx.name, ctx.seq, m.rank),
+                                "a CUDA kernel of the op failed: ", cudaGetErrorString(err)));
       }
     } catch (...) {
       // The two control planes fail together: a peer in a later CPU op of the group must not

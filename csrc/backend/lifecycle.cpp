@@ -224,7 +224,7 @@ c10::intrusive_ptr<c10d::Backend> RingBackend::split(
     const c10::intrusive_ptr<c10d::Backend::Options>& opts) {
   for (int r : ranks) {
     if (r < 0 || r >= size_) {
-      fail(detail::cat("ringreduce split: rank ", rank_, ": rank ", r,
+      fail(detail::cat(op_prefix("split", rank_), "rank ", r,
                        " is not in the parent group (of ", size_, ")"));
     }
   }
@@ -247,14 +247,14 @@ std::string RingBackend::algorithm(const std::string& op, int64_t bytes) {
       {"reduce", OpKind::Reduce},               {"barrier", OpKind::Barrier},
       {"gather", OpKind::Gather},               {"scatter", OpKind::Scatter},
       {"alltoall", OpKind::AllToAll}};
-  if (bytes < 0) fail(detail::cat("ringreduce algorithm: rank ", rank_, ": negative size ", bytes));
+  if (bytes < 0) fail(detail::cat(op_prefix("algorithm", rank_), "negative size ", bytes));
   for (const auto& [name, kind] : kKinds) {
     if (op != name) continue;
     if (kind == OpKind::Gather || kind == OpKind::Scatter || kind == OpKind::AllToAll) return "ring";
     std::lock_guard<std::mutex> lock(mu_);
     return algo_name(algo_->algorithm(kind, static_cast<size_t>(bytes)));
   }
-  fail(detail::cat("ringreduce algorithm: rank ", rank_, ": unknown collective '", op, "'"));
+  fail(detail::cat(op_prefix("algorithm", rank_), "unknown collective '", op, "'"));
 }
 
 std::string RingBackend::algorithms() const { return algo_->selector().describe(); }
@@ -264,12 +264,12 @@ void RingBackend::set_algorithm(const std::string& name) {
   try {
     a = parse_algo(name, "set_algorithm");
   } catch (const std::exception& e) {
-    fail(detail::cat("ringreduce set_algorithm: rank ", rank_, ": ", e.what()));
+    fail(detail::cat(op_prefix("set_algorithm", rank_), e.what()));
   }
   // Under mu_ and with the queue idle, so that no op runs or is queued with the old choice.
   std::lock_guard<std::mutex> lock(mu_);
   if (queue_.busy()) {
-    fail(detail::cat("ringreduce set_algorithm: rank ", rank_, ": ops are in flight; call it ",
+    fail(detail::cat(op_prefix("set_algorithm", rank_), "ops are in flight; call it ",
                      "between ops, on every rank of the group"));
   }
   algo_->set_selector(algo_->selector().forcing(a));

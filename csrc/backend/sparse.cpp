@@ -13,7 +13,7 @@ namespace ringreduce {
 namespace {
 
 [[noreturn]] void refuse(int rank, const std::string& what) {
-  C10_THROW_ERROR(DistBackendError, detail::cat("ringreduce allreduce: rank ", rank, ": ", what));
+  C10_THROW_ERROR(DistBackendError, detail::cat(op_prefix("allreduce", rank), what));
 }
 
 // Gathers every rank's `mine` (the same byte count everywhere) into `all`, rank after rank.
@@ -52,7 +52,7 @@ RingBody sparse_allreduce_body(const at::Tensor& t, const c10d::ReduceOp& op, in
     for (int r = 0; r < size; ++r) {
       const at::Tensor theirs = metas[r];
       if (!at::equal(theirs.narrow(0, 1, my_meta.numel() - 1), my_meta.narrow(0, 1, my_meta.numel() - 1))) {
-        throw Error(detail::cat("ringreduce allreduce #", ctx.seq, ": rank ", rank, ": rank ", r,
+        throw Error(detail::cat(op_prefix("allreduce", ctx.seq, rank), "rank ", r,
                                 "'s sparse tensor differs from this rank's in shape, dimensions or "
                                 "dtype (this rank: ", t.sizes(), " ", t.scalar_type(), ")"));
       }

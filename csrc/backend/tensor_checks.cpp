@@ -28,17 +28,17 @@ std::optional<DType> core_dtype(at::ScalarType s) {
 
 at::Tensor single_tensor(const std::vector<at::Tensor>& tensors, const char* op, int rank) {
   if (tensors.size() != 1) {
-    fail(detail::cat("ringreduce ", op, ": rank ", rank, ": expected exactly one tensor, got ",
+    fail(detail::cat(op_prefix(op, rank), "expected exactly one tensor, got ",
                      tensors.size(), " (ringreduce runs one device per rank)"));
   }
   const at::Tensor& t = tensors[0];
-  if (!t.defined()) fail(detail::cat("ringreduce ", op, ": rank ", rank, ": the tensor is undefined"));
+  if (!t.defined()) fail(detail::cat(op_prefix(op, rank), "the tensor is undefined"));
   if (t.layout() != at::kStrided) {
-    fail(detail::cat("ringreduce ", op, ": rank ", rank, ": ", t.layout(),
+    fail(detail::cat(op_prefix(op, rank), t.layout(),
                      " tensors are not supported, only dense (strided) ones"));
   }
   if (!t.device().is_cpu() && !(kWithCuda && t.device().is_cuda())) {
-    fail(detail::cat("ringreduce ", op, ": rank ", rank, ": got a tensor on ", t.device(),
+    fail(detail::cat(op_prefix(op, rank), "got a tensor on ", t.device(),
                      "; ringreduce handles CPU", kWithCuda ? " and CUDA" : "", " tensors only",
                      kWithCuda ? "" : detail::cat(" (", cuda_build_note(), ")")));
   }
@@ -48,7 +48,7 @@ at::Tensor single_tensor(const std::vector<at::Tensor>& tensors, const char* op,
 DType checked_dtype(const at::Tensor& t, const char* op, int rank) {
   const auto d = core_dtype(t.scalar_type());
   if (!d) {
-    fail(detail::cat("ringreduce ", op, ": rank ", rank, ": dtype ", t.scalar_type(),
+    fail(detail::cat(op_prefix(op, rank), "dtype ", t.scalar_type(),
                      " is not supported (supported: float32, float64, float16, bfloat16, int8, "
                      "uint8, int16, int32, int64, bool, complex64, complex128)"));
   }
@@ -67,24 +67,24 @@ Reduction checked_reduction(const c10d::ReduceOp& rop, DType d, const char* op, 
     case c10d::ReduceOp::BXOR: r.op = RedOp::BXor; break;
     case c10d::ReduceOp::AVG:
       if (d == DType::Bool) {
-        fail(detail::cat("ringreduce ", op, ": rank ", rank, ": AVG is not defined on bool tensors"));
+        fail(detail::cat(op_prefix(op, rank), "AVG is not defined on bool tensors"));
       }
       r.divisor = size;
       break;
     case c10d::ReduceOp::PREMUL_SUM: {
       if (!is_floating(d) && !is_complex(d)) {
-        fail(detail::cat("ringreduce ", op, ": rank ", rank, ": PREMUL_SUM needs a floating-point ",
+        fail(detail::cat(op_prefix(op, rank), "PREMUL_SUM needs a floating-point ",
                          "or complex tensor, got ", dtype_name(d)));
       }
       // NCCLPreMulSumSupplement: the name both torch 2.11 and 2.13 have (2.13 calls it PreMulSumSupplement too).
       const auto* supp = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(rop.supplement_.get());
       if (supp == nullptr) {
-        fail(detail::cat("ringreduce ", op, ": rank ", rank,
-                         ": PREMUL_SUM without a factor (make it with _make_nccl_premul_sum)"));
+        fail(detail::cat(op_prefix(op, rank),
+                         "PREMUL_SUM without a factor (make it with _make_nccl_premul_sum)"));
       }
       if (supp->tensor_factor.defined()) {
         if (supp->tensor_factor.numel() != 1) {
-          fail(detail::cat("ringreduce ", op, ": rank ", rank, ": PREMUL_SUM's factor tensor has ",
+          fail(detail::cat(op_prefix(op, rank), "PREMUL_SUM's factor tensor has ",
                            supp->tensor_factor.numel(), " elements, expected 1"));
         }
         r.premul = supp->tensor_factor.to(at::kCPU).item<double>();
@@ -94,11 +94,11 @@ Reduction checked_reduction(const c10d::ReduceOp& rop, DType d, const char* op, 
       break;
     }
     default:
-      fail(detail::cat("ringreduce ", op, ": rank ", rank, ": reduce op ", static_cast<int>(rop.op_),
+      fail(detail::cat(op_prefix(op, rank), "reduce op ", static_cast<int>(rop.op_),
                        " is not supported"));
   }
   if (const char* why = unsupported_reason(d, r.op)) {
-    fail(detail::cat("ringreduce ", op, ": rank ", rank, ": ", redop_name(r.op), " on ",
+    fail(detail::cat(op_prefix(op, rank), redop_name(r.op), " on ",
                      dtype_name(d), ": ", why));
   }
   return r;
@@ -107,7 +107,7 @@ Reduction checked_reduction(const c10d::ReduceOp& rop, DType d, const char* op, 
 void check_same_dtype(const at::Tensor& a, const at::Tensor& b, const char* op, int rank,
                       const char* what) {
   if (a.scalar_type() != b.scalar_type()) {
-    fail(detail::cat("ringreduce ", op, ": rank ", rank, ": ", what, " has dtype ", a.scalar_type(),
+    fail(detail::cat(op_prefix(op, rank), what, " has dtype ", a.scalar_type(),
                      ", expected ", b.scalar_type(), " like the input"));
   }
 }
@@ -115,14 +115,14 @@ void check_same_dtype(const at::Tensor& a, const at::Tensor& b, const char* op, 
 void check_list(const std::vector<at::Tensor>& list, const at::Tensor& like, int n, const char* op,
                 int rank, const char* what) {
   if (static_cast<int>(list.size()) != n) {
-    fail(detail::cat("ringreduce ", op, ": rank ", rank, ": the ", what, " list has ", list.size(),
+    fail(detail::cat(op_prefix(op, rank), "the ", what, " list has ", list.size(),
                      " tensors, expected one per rank (", n, ")"));
   }
   for (size_t i = 0; i < list.size(); ++i) {
     single_tensor({list[i]}, op, rank);
     check_same_dtype(list[i], like, op, rank, what);
     if (list[i].numel() != like.numel()) {
-      fail(detail::cat("ringreduce ", op, ": rank ", rank, ": ", what, " tensor ", i, " has ",
+      fail(detail::cat(op_prefix(op, rank), what, " tensor ", i, " has ",
                        list[i].numel(), " elements, expected ", like.numel()));
     }
   }
@@ -130,25 +130,25 @@ void check_list(const std::vector<at::Tensor>& list, const at::Tensor& like, int
 
 void check_pairs(size_t outputs, size_t inputs, const char* op, int rank) {
   if (outputs != inputs) {
-    fail(detail::cat("ringreduce ", op, ": rank ", rank, ": ", outputs, " outputs for ", inputs,
+    fail(detail::cat(op_prefix(op, rank), outputs, " outputs for ", inputs,
                      " inputs"));
   }
 }
 
 void check_peer(int peer, int rank, int size, const char* op, const char* what) {
   if (peer < 0 || peer >= size) {
-    fail(detail::cat("ringreduce ", op, ": rank ", rank, ": invalid ", what, " rank ", peer,
+    fail(detail::cat(op_prefix(op, rank), "invalid ", what, " rank ", peer,
                      " (group of ", size, ")"));
   }
   if (peer == rank) {
-    fail(detail::cat("ringreduce ", op, ": rank ", rank, ": ", what, " rank ", peer,
+    fail(detail::cat(op_prefix(op, rank), what, " rank ", peer,
                      " is this rank itself"));
   }
 }
 
 int checked_root(int64_t root, const char* op, int rank, int size) {
   if (root < 0 || root >= size) {
-    fail(detail::cat("ringreduce ", op, ": rank ", rank, ": root ", root,
+    fail(detail::cat(op_prefix(op, rank), "root ", root,
                      " is not a rank of this group (size ", size, ")"));
   }
   return static_cast<int>(root);
@@ -163,7 +163,7 @@ std::pair<DType, Reduction> checked_reduce_scatter(const at::Tensor& output, con
   const DType d = checked_dtype(input, name, rank);
   const Reduction red = checked_reduction(rop, d, name, rank, size);
   if (input.numel() != output.numel() * size) {
-    fail(detail::cat("ringreduce reduce_scatter: rank ", rank, ": the input has ", input.numel(),
+    fail(detail::cat(op_prefix("reduce_scatter", rank), "the input has ", input.numel(),
                      " elements, expected world size (", size, ") x the output's ", output.numel()));
   }
   return {d, red};
@@ -175,7 +175,7 @@ void check_allgather(const at::Tensor& output, const at::Tensor& input, int rank
   single_tensor({input}, name, rank);
   check_same_dtype(output, input, name, rank, "the output");
   if (output.numel() != input.numel() * size) {
-    fail(detail::cat("ringreduce allgather: rank ", rank, ": the output has ", output.numel(),
+    fail(detail::cat(op_prefix("allgather", rank), "the output has ", output.numel(),
                      " elements, expected world size (", size, ") x the input's ", input.numel()));
   }
 }
@@ -190,13 +190,13 @@ std::optional<c10::Device> checked_device(const char* op, int rank,
       if (!device) {
         device = t.device();
       } else if (t.device() != *device) {
-        fail(detail::cat("ringreduce ", op, ": rank ", rank, ": the op's tensors are on ",
+        fail(detail::cat(op_prefix(op, rank), "the op's tensors are on ",
                          *device, " and ", t.device(), "; they must all be on one device"));
       }
     }
   }
   if (!kWithCuda && device && device->is_cuda()) {
-    fail(detail::cat("ringreduce ", op, ": rank ", rank, ": got a tensor on ", *device,
+    fail(detail::cat(op_prefix(op, rank), "got a tensor on ", *device,
                      "; this build of ringreduce handles CPU tensors only (", cuda_build_note(), ")"));
   }
   return device;

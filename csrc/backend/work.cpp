@@ -32,8 +32,8 @@ bool RingWork::wait(std::chrono::milliseconds timeout) {
     cv_.wait(lock, [this] { return completed_; });
   } else if (!cv_.wait_for(lock, timeout, [this] { return completed_; })) {
     C10_THROW_ERROR(DistBackendError,
-                    detail::cat("ringreduce ", op_name_, " #", seq_, ": rank ", rank_,
-                                ": Timed out in Work.wait after ", timeout.count(),
+                    detail::cat(op_prefix(op_name_, seq_, rank_),
+                                "Timed out in Work.wait after ", timeout.count(),
                                 " ms; the op is still running and keeps its own deadline"));
   }
   if (exception_) std::rethrow_exception(exception_);
@@ -46,8 +46,8 @@ int RingWork::sourceRank() const {
   const int r = source_rank_.load();
   if (r < 0) {
     C10_THROW_ERROR(DistBackendError,
-                    detail::cat("ringreduce ", op_name_, ": rank ", rank_,
-                                ": sourceRank() is only known for a completed receive"));
+                    detail::cat(op_prefix(op_name_, rank_),
+                                "sourceRank() is only known for a completed receive"));
   }
   return r;
 }

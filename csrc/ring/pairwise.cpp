@@ -17,7 +17,7 @@ void Ring::alltoall(const Chunks& in, const std::vector<size_t>& send_counts, co
                     const Deadline& dl) {
   const int n = size_, r = rank_;
   RR_CHECK(send_counts.size() == static_cast<size_t>(n) && recv_counts.size() == static_cast<size_t>(n),
-           "ringreduce ", ctx.name, ": rank ", r, ": expected ", n, " send and receive counts");
+           op_prefix(ctx.name, r), "expected ", n, " send and receive counts");
   const size_t es = dtype_size(t);
   RR_CHECK(send_counts[r] == recv_counts[r], "ringreduce ", ctx.name, ": rank ", r, " sends ",
            send_counts[r], " elements to itself but expects to receive ", recv_counts[r]);

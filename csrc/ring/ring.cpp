@@ -63,8 +63,8 @@ const void* Ring::recv_checked(int peer, const MsgHeader& expect, size_t bytes,
     // still queued here): that is the cause to report, not the stale message.
     const std::string aborted = t_.abort_reason();
     if (!aborted.empty()) {
-      throw AbortedError(detail::cat("ringreduce ", ctx.name, " #", ctx.seq, ": rank ", me,
-                                     ": the group was aborted: ", aborted));
+      throw AbortedError(detail::cat(op_prefix(ctx.name, ctx.seq, me),
+                                     "the group was aborted: ", aborted));
     }
     const int them = t_.group_rank(peer);
     const std::string msg = detail::cat(
@@ -353,7 +353,7 @@ void Ring::reduce(const void* in_ptr, void* out_ptr, size_t count, DType t, RedO
 }
 
 void Ring::check_root(int root, const OpContext& ctx) const {
-  RR_CHECK(root >= 0 && root < size_, "ringreduce ", ctx.name, ": rank ", rank_, ": root ", root,
+  RR_CHECK(root >= 0 && root < size_, op_prefix(ctx.name, rank_), "root ", root,
            " is not a rank of this group (size ", size_, ")");
 }
 
