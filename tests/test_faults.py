@@ -346,7 +346,10 @@ try:
 except Exception as e:
     res["error"] = str(e)
 res["t"] = time.time() - t0
-print(json.dumps(res), flush=True)
+# A file per rank: the ranks run in the background of one shell, and lines they print at the same
+# moment can run into each other.
+with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
+    json.dump(res, f)
 '''
 
 
@@ -373,7 +376,7 @@ def test_a_dev_shm_too_small_fails_every_rank_at_once_with_the_size_and_the_fix(
     script.write_text(SMALL_SHM_WORKER)
     launch = " ".join(
         f"RANK={r} WORLD_SIZE={world} MASTER_ADDR=127.0.0.1 MASTER_PORT={port} "
-        f"{sys.executable} {script} & " for r in range(world))
+        f"{sys.executable} {script} {tmp_path} & " for r in range(world))
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("RINGREDUCE_TRANSPORT", None)
     out = subprocess.run(
@@ -381,7 +384,7 @@ def test_a_dev_shm_too_small_fails_every_rank_at_once_with_the_size_and_the_fix(
          f"mount -t tmpfs -o size=20m tmpfs /dev/shm && {launch} wait; echo LEFT: $(ls /dev/shm)"],
         capture_output=True, text=True, timeout=120, env=env)
     lines = out.stdout.splitlines()
-    results = [json.loads(x) for x in lines if x.startswith("{")]
+    results = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]
     why = out.stdout + out.stderr[-3000:]
     assert len(results) == world, why
     for res in results:
