@@ -18,10 +18,15 @@ time per byte of one direction of it):
 - oneshot, twoshot (one host, messages up to the shared window): one exchange in which every rank
   reads the n-1 others' inputs, (n-1) M bytes; two exchanges of 2(n-1)/n M bytes.
 
-Ranks that outnumber their cores share them: shared memory's time per byte is multiplied by
-ranks / cores (the benchmark's "hosts" are namespaces of one machine, so all its ranks share its
-cores). TCP's is not: its beta is the link's, measured with the ranks it carries. Latency under
-oversubscription (a context switch per hand-off) is not modelled: it is fitted at one rank per core.
+Ranks that outnumber their cores share them (the benchmark's "hosts" are namespaces of one machine,
+so all its ranks share its cores): each link's time per byte is then multiplied by
+(ranks / cores) ** share, where `share` is a third parameter per link, fitted from the layouts with
+more ranks than cores (shared memory from the one-host ring, TCP from the ring across hosts with
+several ranks each): moving a byte through shared memory is the ranks' own CPU work, so it slows
+down about as the cores are divided (share near 1 or above, with the context switches); TCP's work
+is partly the kernel's and the link's, so it slows down less. With a core per rank the factor is 1
+and the fit is alpha and beta alone. Latency under oversubscription (a context switch per hand-off)
+is not modelled: alpha is fitted at one rank per core.
 The model ignores what a real network adds (switch hops, congestion between hosts) and what caches
 do to small messages (the one-host crossovers in algo/select.cpp are measured, not modelled).
 """
@@ -45,6 +50,7 @@ WINDOW_BYTES = 1 << 20  # RINGREDUCE_WINDOW_BYTES' default: the largest one-shot
 class Link:
     alpha: float  # seconds per step (a hand-off between two ranks)
     beta: float   # seconds per byte through one direction
+    share: float = 0.0  # beta grows as (ranks / cores) ** share where ranks outnumber cores
 
     @property
     def bandwidth(self) -> float:
@@ -103,9 +109,9 @@ def terms(algo: str, hosts: int, per_host: int, nbytes: int) -> dict[str, tuple[
     raise ValueError(f"unknown algorithm {algo!r} (one of {', '.join(ALGOS)})")
 
 
-def contention(p: Params, ranks_sharing: int, cores: int | None = None) -> float:
-    """How much slower each byte moves through shared memory when `ranks_sharing` ranks share
-    `cores` cores (default: the fitted machine's)."""
+def crowding(p: Params, ranks_sharing: int, cores: int | None = None) -> float:
+    """Ranks per core when `ranks_sharing` ranks share `cores` cores (default: the fitted
+    machine's), at least 1."""
     cores = p.cores if cores is None else cores
     return max(1.0, ranks_sharing / cores) if cores > 0 else 1.0
 
@@ -118,11 +124,11 @@ def predict(p: Params, algo: str, hosts: int, per_host: int, nbytes: int,
     t = terms(algo, hosts, per_host, nbytes)
     if t is None:
         return None
-    slow = contention(p, per_host if ranks_sharing is None else ranks_sharing, cores)
+    crowd = crowding(p, per_host if ranks_sharing is None else ranks_sharing, cores)
     total = 0.0
     for name, (steps, nb) in t.items():
         link: Link = getattr(p, name)
-        total += steps * link.alpha + nb * link.beta * (slow if name == "shm" else 1.0)
+        total += steps * link.alpha + nb * link.beta * crowd ** link.share
     return total
 
 
@@ -175,23 +181,62 @@ def fit_link(points) -> Link:
     return Link(alpha=a_only, beta=0.0) if err(a_only, 0) <= err(0, c_only) else Link(alpha=0.0, beta=c_only)
 
 
+def fit_share(link: Link, points) -> float:
+    """The exponent `share` that best explains `points` = [(steps, bytes, seconds, crowd)] of a link
+    whose alpha and beta were fitted without crowding: seconds ~ steps a + bytes b crowd ** share.
+    Only points whose byte term is at least ten times the steps' weigh in: share describes how
+    bytes slow down, and a crowded middle-sized message's time is much context switching, which the
+    model leaves out. 0 where no point qualifies."""
+    pts = [(s, b, t, c) for s, b, t, c in points if t > 0 and c > 1 and b * link.beta >= 10 * s * link.alpha]
+    if not pts:
+        return 0.0
+
+    def err(g):
+        return sum(((s * link.alpha + b * link.beta * c ** g) / t - 1) ** 2 for s, b, t, c in pts)
+
+    # The error is convex in g on [0, 4] for these terms: a golden-section search finds its minimum.
+    lo, hi = 0.0, 4.0
+    k = (5 ** 0.5 - 1) / 2
+    for _ in range(60):
+        m1, m2 = hi - k * (hi - lo), lo + k * (hi - lo)
+        if err(m1) <= err(m2):
+            hi = m2
+        else:
+            lo = m1
+    return round((lo + hi) / 2, 4)
+
+
 def fit(measured, cores: int = 0, source: str = "") -> Params:
     """Params from measured ring all-reduces: `measured` = [(hosts, per_host, nbytes, seconds)] of
-    the flat ring, every rank on one machine of `cores` cores. Shared memory is fitted from the
-    one-host layouts (those with a core per rank, where there are some), TCP from those with one
-    rank per host."""
+    the flat ring, every rank on one machine of `cores` cores. Each link's alpha and beta come from
+    the layouts whose ring runs on it alone with a core per rank (shared memory: one host; TCP: one
+    rank per host), and its share from the layouts that crowd the cores (shared memory: one host
+    with more ranks than cores; TCP: several hosts with several ranks each, whose ring waits on its
+    TCP hops). Where no layout has a core per rank, alpha and beta are fitted on the crowded ones
+    with share 1."""
     p0 = Params(shm=Link(0, 0), tcp=Link(0, 0), cores=cores, source=source)
-    by = {"shm": [], "tcp": []}
-    # Shared memory from the one-host layouts with a core per rank where there are some: with more
-    # ranks than cores each hand-off waits for a context switch, which the model leaves out.
-    roomy = any(h == 1 and (cores <= 0 or l <= cores) for h, l, _, _ in measured)
+    roomy = {"shm": [], "tcp": []}
+    crowded = {"shm": [], "tcp": []}
     for hosts, per_host, nbytes, secs in measured:
-        if hosts == 1 and roomy and cores > 0 and per_host > cores:
-            continue
-        if hosts == 1 or per_host == 1:
-            (name, (steps, nb)), = terms("ring", hosts, per_host, nbytes).items()
-            by[name].append((steps, nb, secs, contention(p0, hosts * per_host) if name == "shm" else 1.0))
-    return Params(shm=fit_link(by["shm"]), tcp=fit_link(by["tcp"]), cores=cores, source=source)
+        steps, nb = terms("ring", hosts, per_host, nbytes)["tcp" if hosts > 1 else "shm"]
+        name = "tcp" if hosts > 1 else "shm"
+        crowd = crowding(p0, hosts * per_host)
+        if hosts > 1 and per_host > 1:  # a ring over TCP and shared memory: TCP's hops are the slow ones
+            crowded["tcp"].append((steps, nb, secs, crowd))
+        elif crowd > 1:
+            crowded[name].append((steps, nb, secs, crowd))
+        else:
+            roomy[name].append((steps, nb, secs, 1.0))
+    links = {}
+    for name in ("shm", "tcp"):
+        if roomy[name]:
+            link = fit_link(roomy[name])
+            link.share = fit_share(link, crowded[name])
+        else:  # every layout crowded: the bytes are taken to slow down as the cores are divided
+            link = fit_link([(s, b, t, c) for s, b, t, c in crowded[name]])
+            link.share = 1.0
+        links[name] = link
+    return Params(shm=links["shm"], tcp=links["tcp"], cores=cores, source=source)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -230,9 +275,13 @@ def format_time(secs: float) -> str:
 
 
 def describe(p: Params) -> str:
-    return (f"shm: alpha {p.shm.alpha * 1e6:.2f} us, {p.shm.bandwidth / 1e9:.2f} GB/s; "
-            f"tcp: alpha {p.tcp.alpha * 1e6:.2f} us, {p.tcp.bandwidth / 1e9:.2f} GB/s"
-            + (f"; fitted with {p.cores} cores shared by every rank" if p.cores else ""))
+    def one(name, link):
+        share = f", share {link.share:.2f}" if p.cores else ""
+        return f"{name}: alpha {link.alpha * 1e6:.2f} us, {link.bandwidth / 1e9:.2f} GB/s{share}"
+
+    return (f"{one('shm', p.shm)}; {one('tcp', p.tcp)}"
+            + (f"; fitted with {p.cores} cores shared by every rank (time per byte x (ranks / cores) ** share)"
+               if p.cores else ""))
 
 
 def _cores_text(cores: int) -> str:

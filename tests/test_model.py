@@ -38,8 +38,10 @@ def _synthetic(p, layouts, sizes, noise, seed):
 @pytest.mark.parametrize("seed", range(5))
 def test_the_fit_recovers_known_alpha_and_beta(seed):
     rng = random.Random(seed)
-    truth = model.Params(shm=model.Link(alpha=rng.uniform(1e-6, 2e-5), beta=1 / rng.uniform(2e9, 2e10)),
-                         tcp=model.Link(alpha=rng.uniform(2e-5, 2e-4), beta=1 / rng.uniform(5e8, 1e10)),
+    truth = model.Params(shm=model.Link(alpha=rng.uniform(1e-6, 2e-5), beta=1 / rng.uniform(2e9, 2e10),
+                                        share=rng.uniform(0.8, 2.0)),
+                         tcp=model.Link(alpha=rng.uniform(2e-5, 2e-4), beta=1 / rng.uniform(5e8, 1e10),
+                                        share=rng.uniform(0.0, 1.0)),
                          cores=2)
     sizes = [1 << k for k in range(10, 27, 2)]
     measured = _synthetic(truth, [(1, 2), (1, 4), (2, 1), (2, 2)], sizes, noise=0.02, seed=seed)
@@ -48,6 +50,9 @@ def test_the_fit_recovers_known_alpha_and_beta(seed):
         want, have = getattr(truth, name), getattr(got, name)
         assert have.alpha == pytest.approx(want.alpha, rel=0.15), (name, want, have)
         assert have.beta == pytest.approx(want.beta, rel=0.05), (name, want, have)
+        # How its bytes slow down with 2 ranks per core: from the 1x4 ring (shared memory) and
+        # the 2x2 ring (TCP).
+        assert have.share == pytest.approx(want.share, abs=0.1), (name, want, have)
     # And the fit predicts what it was not fitted on (the hierarchical all-reduce) as the truth does.
     for nb in sizes:
         t = model.predict(truth, "hierarchical", 2, 2, nb, ranks_sharing=4)
@@ -74,10 +79,14 @@ def test_predictions_count_steps_and_bytes():
     assert model.predict(p, "hierarchical", 8, 1, m) is None
     assert model.predict(p, "oneshot", 2, 2, m) is None
     assert model.predict(p, "oneshot", 1, 4, 2 * model.WINDOW_BYTES) is None
-    # Ranks sharing cores slow shared memory's bytes, not TCP's.
+    # Ranks sharing cores slow each link's bytes by (ranks / cores) ** share, and not its steps.
     p.cores = 2
-    assert model.predict(p, "ring", 1, 4, m, ranks_sharing=4) == pytest.approx(6e-6 + 1.5 * m * 1e-10 * 2)
-    assert model.predict(p, "ring", 2, 1, m, ranks_sharing=4) == pytest.approx(2e-4 + m * 1e-9)
+    assert model.predict(p, "ring", 1, 4, m, ranks_sharing=4) == pytest.approx(6e-6 + 1.5 * m * 1e-10)
+    p.shm.share, p.tcp.share = 1.5, 0.5
+    assert model.predict(p, "ring", 1, 4, m, ranks_sharing=4) == pytest.approx(6e-6 + 1.5 * m * 1e-10 * 2 ** 1.5)
+    assert model.predict(p, "ring", 2, 1, m, ranks_sharing=4) == pytest.approx(2e-4 + m * 1e-9 * 2 ** 0.5)
+    assert model.predict(p, "ring", 2, 1, m, ranks_sharing=2) == pytest.approx(2e-4 + m * 1e-9)
+    assert model.predict(p, "ring", 2, 1, m, ranks_sharing=4, cores=0) == pytest.approx(2e-4 + m * 1e-9)
     algo, t = model.pick(p, 2, 4, m)
     assert algo == "hierarchical"
     assert t == min(model.predict(p, a, 2, 4, m) for a in ("ring", "hierarchical"))
