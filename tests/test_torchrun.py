@@ -186,7 +186,7 @@ RESTART_SCRIPT = textwrap.dedent(
     if attempt == 0 and rank == 1:
         # Rank 0 is inside init_process_group by now, its segment created and its number drawn
         # on torchrun's store, which outlives the attempt; torchrun ends it and restarts both.
-        time.sleep(1.0)
+        time.sleep(1.0)  # sleep-ok: the fault is a death while the peer is inside init, which this process cannot observe
         os._exit(3)
     dist.init_process_group("ringreduce", timeout=timedelta(seconds=30))
     x = torch.full((1000,), float(rank + 1))
