@@ -583,3 +583,131 @@ def test_nccl_tests_closing_lines(monkeypatch, capsys):
     assert out[1] == f"# Avg bus bandwidth    : {busbw:.4f} ", out
     # 3 wrong in each of gloo's sets at the larger size.
     assert out[2].startswith("# gloo: out of bounds values 6 FAILED; avg bus bandwidth "), out
+
+
+# --- --launches N: every backend in N fresh launches, and the spread over them ---------------------
+
+LAUNCH_SIZES = ["-b", "1K", "-e", "4K", "-n", "2", "-w", "1", "--min-time", "0", "--timeout", "120"]
+SPREAD_COLUMNS = ["size(B)", "backend", "best(us)", "median(us)", "worst(us)", "busbw(GB/s)", "worst/best"]
+
+
+def parse_spread(stdout):
+    """{(bytes, backend): {column: float}} from the spread table in the bench's output."""
+    columns, rows = parse_table(stdout)
+    assert columns == SPREAD_COLUMNS, columns
+    out = {}
+    for r in rows:
+        assert len(r) == len(columns), r
+        out[(int(r[0]), r[1])] = {c: float(x) for c, x in zip(columns[2:], r[2:], strict=True)}
+    return out
+
+
+@pytest.mark.parametrize("argv", [["--launches", "0"], ["--launches", "-1"], ["--launches", "two"]])
+def test_parse_args_refuses_launches_below_one(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.parse_args(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and "--launches" in err, err
+    assert bench.parse_args([]).launches == 1  # one launch unless asked: the table as it always was
+
+
+def test_bench_launches_zero_exits_before_starting_anything():
+    out = run_bench("--backends", "gloo,gloo", "--launches", "0", *LAUNCH_SIZES)
+    assert out.returncode == 2 and out.stdout == "", out
+    assert "error: --launches must be at least 1, got 0" in out.stderr, out.stderr
+
+
+def test_bench_launches_refused_under_torchrun():
+    # torchrun's ranks come from the environment: the job cannot relaunch them, so it says so.
+    env = dict(os.environ, RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="29555")
+    out = subprocess.run([sys.executable, "-m", "ringreduce.bench", "--backends", "gloo,gloo", "--launches", "2",
+                          *LAUNCH_SIZES], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and out.stdout == "", out
+    assert "--launches 2" in out.stderr and "a torchrun job cannot relaunch itself" in out.stderr, out.stderr
+
+
+def test_parse_args_launches_leave_out_the_nccl_floor(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert bench.parse_args(["--device", "cuda", "--launches", "3"]).nccl_floor is False
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--device", "cuda", "--launches", "3", "--nccl-floor"])
+    assert "--nccl-floor runs with --launches 1 only" in capsys.readouterr().err
+
+
+@needs_ringreduce
+def test_bench_launches_prints_the_spread_and_every_launch_in_json(tmp_path):
+    path = tmp_path / "launches.json"
+    out = run_bench("-g", "2", "--launches", "2", *LAUNCH_SIZES, "--json", str(path))
+    assert out.returncode == 0, out.stderr
+    # The launches ran one backend each, alternating: ringreduce 1, gloo 1, ringreduce 2, gloo 2.
+    ran = re.findall(r"launch (\d)/2 of (\w+), 2 rank\(s\)", out.stderr)
+    assert ran == [("1", "ringreduce"), ("1", "gloo"), ("2", "ringreduce"), ("2", "gloo")], out.stderr
+    assert "# Backends: ringreduce, gloo, each in 2 launches of its own" in out.stdout
+    assert "# ratio = " not in out.stdout  # no ratio column in the spread table
+
+    spread = parse_spread(out.stdout)
+    assert sorted(spread) == [(n, b) for n in (1024, 4096) for b in ("gloo", "ringreduce")], spread
+    for key, s in spread.items():
+        assert 0 < s["best(us)"] <= s["median(us)"] <= s["worst(us)"], (key, s)
+        # Printed to 0.1 us: worst/best from the printed times, to the rounding of both.
+        assert s["worst/best"] >= 1.0
+        assert s["worst/best"] == pytest.approx(s["worst(us)"] / s["best(us)"], abs=0.011 + 0.2 / s["best(us)"])
+        assert s["busbw(GB/s)"] >= 0
+    for b in ("ringreduce", "gloo"):
+        assert re.search(rf"^# {b}: spread over 2 launches: 1KiB worst/best = [\d.]+, 4KiB worst/best = [\d.]+$",
+                         out.stdout, re.M), out.stdout
+    assert closing_lines(out.stdout)["wrong"] == "0 OK"  # over every launch
+    assert re.search(r"^# 1KiB: ringreduce latency = .*, in-place\)$", out.stdout, re.M), out.stdout
+
+    doc = json.loads(path.read_text())
+    launches = doc["launches"]
+    assert [(x["launch"], x["backend"]) for x in launches] == [(1, "ringreduce"), (1, "gloo"),
+                                                                (2, "ringreduce"), (2, "gloo")]
+    for x in launches:
+        assert [r["bytes"] for r in x["rows"]] == [1024, 4096]
+        assert all(r["backend"] == x["backend"] and r["wrong"] == 0 and r["time_us"] > 0 for r in x["rows"])
+    # The spread records are the table, from the launches' own times; "rows" holds the medians.
+    for rec in doc["spread"]:
+        times = [r["time_us"] for x in launches if x["backend"] == rec["backend"]
+                 for r in x["rows"] if r["bytes"] == rec["bytes"]]
+        assert rec["launches"] == 2 and rec["set"] == "in-place"
+        assert rec["best_us"] == pytest.approx(min(times)) and rec["worst_us"] == pytest.approx(max(times))
+        assert rec["median_us"] == pytest.approx(sum(times) / 2)
+        s = spread[(rec["bytes"], rec["backend"])]
+        assert s["median(us)"] == pytest.approx(rec["median_us"], abs=0.051)
+    assert len(doc["rows"]) == 4 and all(r["wrong"] == 0 for r in doc["rows"])
+    medians = {(r["bytes"], r["backend"]): r["time_us"] for r in doc["rows"]}
+    assert all(medians[(r["bytes"], r["backend"])] == pytest.approx(r["median_us"]) for r in doc["spread"])
+
+
+def made_up_launch(number, backend, times_s, wrong=0):
+    rows = [(n, n // 4, [sets(t, wrong)]) for n, t in zip((1024, 64 * MiB), times_s, strict=True)]
+    return bench.Launch(number=number, backend=backend, rows=rows, copy_bw=COPY_BW + number,
+                        gpu=None, unsupported=(None, None))
+
+
+def test_spread_of_made_up_launches(capsys, tmp_path):
+    args = bench.parse_args(["--launches", "3", "--json", str(tmp_path / "spread.json")])
+    args.command, args.threads = "python -m ringreduce.bench --launches 3", 1
+    # ringreduce: 1 KiB in 10, 30, 20 us; gloo: 40, 40, 40 us. 64 MiB: 1, 1, 4 ms against 8 ms.
+    launches = [made_up_launch(1, 0, (10e-6, 1e-3)), made_up_launch(1, 1, (40e-6, 8e-3)),
+                made_up_launch(2, 0, (30e-6, 1e-3)), made_up_launch(2, 1, (40e-6, 8e-3), wrong=2),
+                made_up_launch(3, 0, (20e-6, 4e-3)), made_up_launch(3, 1, (40e-6, 8e-3))]
+    bench.Spread(args, 2, bench.COLLECTIVES["all_reduce"], launches).print()
+    out = capsys.readouterr().out
+    spread = parse_spread(out)
+    assert spread[(1024, "ringreduce")] == {"best(us)": 10.0, "median(us)": 20.0, "worst(us)": 30.0,
+                                            "busbw(GB/s)": 0.05, "worst/best": 3.0}
+    assert spread[(1024, "gloo")]["worst/best"] == 1.0
+    assert spread[(64 * MiB, "ringreduce")]["median(us)"] == 1000.0
+    assert "# ringreduce: spread over 3 launches: 1KiB worst/best = 3.00, 64MiB worst/best = 4.00" in out
+    assert "# gloo: spread over 3 launches: 1KiB worst/best = 1.00, 64MiB worst/best = 1.00" in out
+    assert "in the order ringreduce 1, gloo 1, ringreduce 2, gloo 2, ..." in out
+    # gloo's 2 wrong elements in each set at each size of its second launch are counted.
+    assert "# gloo: out of bounds values 8 FAILED;" in out
+    assert "# 64MiB: ringreduce busbw = 8x gloo" in out  # at the medians
+    doc = json.loads((tmp_path / "spread.json").read_text())
+    assert [(x["launch"], x["backend"]) for x in doc["launches"]] == [
+        (n, b) for n in (1, 2, 3) for b in ("ringreduce", "gloo")]
+    assert doc["copy_bandwidth_GBps"] == pytest.approx((COPY_BW + 2) / 1e9)  # the median launch's

@@ -22,7 +22,13 @@ The package, one responsibility a module, each depending only on those above it:
     floor        the memory floor's unit, the machine's copy bandwidth
     cuda         the GPU's copy and kernel bandwidth, NCCL at world size 1
     report       the table, the summary lines, JSON and the plot (rank 0)
+    spread       with --launches N > 1: each size's best, median and worst launch (the parent)
     cli          the options and the driver; `python -m ringreduce.bench` runs its main()
+
+With --launches N (N > 1) every backend runs in N launches of its own instead, each a fresh spawn
+of the ranks (new processes, a new rendezvous) that measures every size, alternating between the
+backends (ringreduce 1, gloo 1, ringreduce 2, ...); the parent then prints per size and backend the
+best, median and worst launch, so that one draw of a noisy machine is not taken for the figure.
 """
 
 from .cli import (
@@ -33,6 +39,7 @@ from .cli import (
     main,
     parse_args,
     parse_size,
+    run_launches,
     run_rank,
     size_sweep,
     verify_same_plan,
@@ -56,4 +63,5 @@ from .collectives import (
 from .cuda import Gpu, measure_gpu, nccl_floor
 from .floor import copy_bytes, measure_copy_bandwidth
 from .report import Report, format_size
+from .spread import Launch, SizeSpread, Spread
 from .timing import Result, SetResults, iterations, probe_support, safety_cost, time_collective

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
 import os
+import pickle
 import re
 import shlex
 import sys
+import tempfile
 
 import torch
 import torch.distributed as dist
@@ -18,6 +21,7 @@ from .collectives import COLLECTIVES, DTYPES, PROG, REDOPS
 from .cuda import measure_gpu, nccl_floor
 from .floor import copy_bytes, measure_copy_bandwidth
 from .report import Report
+from .spread import Launch, Spread
 from .timing import (
     SAFETY_OFF,
     Result,
@@ -128,7 +132,20 @@ def build_parser() -> argparse.ArgumentParser:
         "asynchronously and wait at its end, as nccl-tests does without -z",
     )
     p.add_argument(
-        "--timeout", type=float, default=600.0, help="seconds before a hung run is killed (default 600)"
+        "--launches",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run each backend in N fresh launches of the ranks (new processes, new rendezvous), "
+        "alternating between backends, and print each size's best, median and worst launch "
+        "(default 1: one launch, every backend in the same processes, alternating at each size); "
+        "not under torchrun",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        help="seconds before a hung run (with --launches: a hung launch) is killed (default 600)",
     )
     p.add_argument(
         "--device",
@@ -179,6 +196,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("need --iters >= 1 and --warmup >= 0")
     if args.timeout <= 0:
         parser.error("--timeout must be positive")
+    if args.launches < 1:
+        parser.error(f"--launches must be at least 1, got {args.launches}")
     if args.device == "cuda" and not torch.cuda.is_available():
         why = "this torch is built without CUDA" if torch.version.cuda is None else "no GPU is visible"
         parser.error(
@@ -186,14 +205,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             f"torch {torch.__version__})"
         )
     if args.nccl_floor is None:
-        args.nccl_floor = args.device == "cuda"
+        # A figure of the GPU, not of a launch: one run's worth says what it has to say.
+        args.nccl_floor = args.device == "cuda" and args.launches == 1
     elif args.nccl_floor and args.device != "cuda":
         parser.error("--nccl-floor needs --device cuda")
+    elif args.nccl_floor and args.launches > 1:
+        parser.error("--nccl-floor runs with --launches 1 only")
     if args.plot:
         try:
             import matplotlib  # noqa: F401 - checked now rather than after the whole run
         except ImportError:
             parser.error("--plot needs matplotlib: pip install matplotlib (or the 'plot' extra)")
+    # Where one launch of several writes its figures for the parent; None: this run prints its own.
+    args.launch_out = None
     return args
 
 
@@ -277,7 +301,8 @@ def run_rank(rank: int, world: int, store, args: argparse.Namespace) -> None:
         ]
         control = dist.new_group(backend="gloo", timeout=timeout)
         bare = None
-        if args.backends[0] == "ringreduce" and args.op == "all_reduce":
+        # The safety work's cost is a figure of a single run: one launch of several leaves it out.
+        if args.backends[0] == "ringreduce" and args.op == "all_reduce" and args.launch_out is None:
             # The same backend without its per-op safety work, to say what that work costs: no
             # fingerprint comparison on receive and no flight recorder (knobs read at creation).
             saved = {k: os.environ.get(k) for k in SAFETY_OFF}
@@ -297,6 +322,8 @@ def run_rank(rank: int, world: int, store, args: argparse.Namespace) -> None:
 
 def _bench(rank: int, world: int, args: argparse.Namespace, groups: list, control, bare=None) -> None:
     verify_same_plan(args, rank, world, control)
+    # One launch of --launches N > 1: rank 0 hands its figures to the parent, which prints them all.
+    quiet = args.launch_out is not None
     coll = COLLECTIVES[args.op]
     dtype = DTYPES[args.dtype]
     gpu = None
@@ -314,11 +341,12 @@ def _bench(rank: int, world: int, args: argparse.Namespace, groups: list, contro
     # Per backend, why it cannot run each set (SETS' order), or None where it can.
     unsupported = [tuple(probe_support(coll, dtype, args.redop, g, control, device, inplace)
                          for inplace in (False, True)) for g in groups]
-    if all(all(reasons) for reasons in unsupported):
+    # A launch runs one backend; the parent tells whether any of them runs anything.
+    if all(all(reasons) for reasons in unsupported) and not quiet:
         raise RuntimeError(
             f"{PROG}: no backend runs {args.op} {args.dtype} {args.redop} on {args.device}: {unsupported}"
         )
-    report = Report(args, world, coll, copy_bw, unsupported, gpu) if rank == 0 else None
+    report = Report(args, world, coll, copy_bw, unsupported, gpu) if rank == 0 and not quiet else None
     if report is not None:
         report.header()
 
@@ -345,6 +373,12 @@ def _bench(rank: int, world: int, args: argparse.Namespace, groups: list, contro
         rows.append((count * dtype.itemsize, count, results))
         if report is not None:
             report.row(*rows[-1])
+    if quiet:
+        if rank == 0:
+            launch = {"rows": rows, "copy_bw": copy_bw, "gpu": gpu, "unsupported": unsupported[0]}
+            with open(args.launch_out, "wb") as f:
+                pickle.dump(launch, f)
+        return
     costs = None
     # Not where ringreduce is N/A (a build without CUDA, in CUDA mode): its bare group would fail too.
     if bare is not None and rows and not unsupported[0][coll.native_in_place]:
@@ -386,6 +420,12 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"{PROG}: error: {e}")
 
     if _launch.launched_by_torchrun():
+        if args.launches > 1:
+            sys.exit(
+                f"{PROG}: error: --launches {args.launches} starts the ranks afresh for every launch, and "
+                "under torchrun (env://) the ranks are torchrun's: a torchrun job cannot relaunch itself. "
+                "Run without torchrun (-g N starts N local ranks), or run torchrun once per launch"
+            )
         world = int(os.environ["WORLD_SIZE"])
         if args.nproc not in (None, world):
             sys.exit(f"{PROG}: error: -g {args.nproc} disagrees with torchrun's WORLD_SIZE={world}")
@@ -398,4 +438,36 @@ def main(argv: list[str] | None = None) -> None:
     # Share the cores among the local ranks: oversubscribed ranks would time the scheduler, and the
     # copy that measures the memory floor should use the whole machine once, not several times over.
     args.threads = max(1, _cpus_available() // nproc)
+    if args.launches > 1:
+        sys.exit(run_launches(args, nproc))
     sys.exit(_launch.spawn(run_rank, nproc, args.timeout, (args,), name=PROG))
+
+
+def run_launches(args: argparse.Namespace, nproc: int) -> int:
+    """--launches N > 1: every backend in N launches of its own, each a fresh spawn of `nproc` ranks
+    (a new rendezvous) that measures every size, in the order backend 1 launch 1, backend 2 launch 1,
+    ..., backend 1 launch 2, ...; then the spread table. Returns an exit status."""
+    launches = []
+    with tempfile.TemporaryDirectory(prefix="ringreduce-bench-") as tmp:
+        for number in range(1, args.launches + 1):
+            for index, name in enumerate(args.backends):
+                print(f"{PROG}: launch {number}/{args.launches} of {name}, {nproc} rank(s)", file=sys.stderr,
+                      flush=True)
+                one = copy.copy(args)
+                one.backends = [name]
+                one.launch_out = os.path.join(tmp, f"launch{number}-{index}.pickle")
+                status = _launch.spawn(run_rank, nproc, args.timeout, (one,), name=PROG)
+                if status != 0:
+                    print(f"{PROG}: launch {number} of {name} failed; no table", file=sys.stderr)
+                    return status
+                with open(one.launch_out, "rb") as f:
+                    launches.append(Launch(number=number, backend=index, **pickle.load(f)))
+            if number == 1 and all(all(launch.unsupported) for launch in launches):
+                print(
+                    f"{PROG}: no backend runs {args.op} {args.dtype} {args.redop} on {args.device}: "
+                    f"{[launch.unsupported for launch in launches]}",
+                    file=sys.stderr,
+                )
+                return 1
+    Spread(args, nproc, COLLECTIVES[args.op], launches).print()
+    return 0

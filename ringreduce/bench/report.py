@@ -157,6 +157,17 @@ class Report:
         return lines
 
     def header(self) -> None:
+        for line in self.header_lines():
+            print(f"# {line}")
+        print("#")
+        print(self._label_line(lambda c: (c[0],), lambda c: self.names[c[0]] if c[0] >= 0 else ""))
+        print(self._label_line(lambda c: (c[0], c[1]), lambda c: SETS[c[1]] if c[1] >= 0 else ""))
+        print(self._line("# ", self.column_names()), flush=True)
+
+    def header_lines(self) -> list[str]:
+        """What was run, how it was timed and what the columns mean, without the leading '# '.
+        With --launches N > 1 the backends line says how the launches went, and the ratio line is
+        left out (the spread table has no ratio column)."""
         a, n = self.args, self.world
         subject, baseline = self.names[0], self.names[1] if len(self.names) > 1 else None
         launch = (
@@ -189,15 +200,14 @@ class Report:
             f"Timing: at each size and set, {a.warmup} untimed iterations, a barrier, then {a.iters} timed "
             f"ones or as many more as last {a.min_time:g} s (the same count on every rank); {issue}; "
             f"time = max over ranks of the mean iteration time{sync}",
-            f"Backends: {', '.join(self.names)}, alternating at each size; "
-            "barriers and bookkeeping on a separate gloo group",
+            self._backends_line(),
             f"Sets: out-of-place puts the result in a buffer of its own, in-place in the input's, as in "
             f"nccl-tests; {a.op} is {native} in torch.distributed; {other}: {self.coll.other_set}",
             f"algbw = size / time, busbw = algbw * {self.coll.busbw_formula} "
             f"({n} ranks: x{self.coll.busbw_factor(n):.3f}); GB = 1e9 bytes",
             *self._floor_lines(subject),
         ]
-        if baseline:
+        if baseline and a.launches == 1:
             lines.append(f"ratio = busbw({subject}) / busbw({baseline}) = time({baseline}) / "
                          f"time({subject}), {native}")
         for name, reasons in zip(self.names, self.unsupported, strict=True):
@@ -208,12 +218,17 @@ class Report:
                       for set_name, reason in zip(SETS, reasons, strict=True) if reason]
         if not a.check:
             lines.append("#wrong: not checked (-c 0)")
-        for line in lines:
-            print(f"# {line}")
-        print("#")
-        print(self._label_line(lambda c: (c[0],), lambda c: self.names[c[0]] if c[0] >= 0 else ""))
-        print(self._label_line(lambda c: (c[0], c[1]), lambda c: SETS[c[1]] if c[1] >= 0 else ""))
-        print(self._line("# ", self.column_names()), flush=True)
+        return lines
+
+    def _backends_line(self) -> str:
+        a, names = self.args, self.names
+        if a.launches == 1:
+            return (f"Backends: {', '.join(names)}, alternating at each size; "
+                    "barriers and bookkeeping on a separate gloo group")
+        order = ", ".join(f"{name} {i}" for i in (1, 2) for name in names) + (", ..." if a.launches > 2 else "")
+        return (f"Backends: {', '.join(names)}, each in {a.launches} launches of its own (fresh processes, "
+                f"fresh rendezvous), every launch measuring every size, in the order {order}; "
+                "barriers and bookkeeping on a separate gloo group")
 
     def _set_cells(self, nbytes: int, r: Result) -> list[str]:
         measured = r.time_s is not None
@@ -253,13 +268,14 @@ class Report:
             "wrong": r.wrong,
         }
 
-    def records(self, rows: list) -> list[dict]:
+    def records(self, rows: list, names: list[str] | None = None) -> list[dict]:
         """One dict per (size, backend): what the table shows, in plain units. Each set has its own
         figures under "out_of_place" and "in_place"; the top-level figures are the native set's
-        (named by "set"), as the records had them before there were two sets."""
+        (named by "set"), as the records had them before there were two sets. `names`: the backends
+        of `rows`, when not all of the run's (one launch of --launches)."""
         out = []
         for nbytes, count, results in rows:
-            for name, sets in zip(self.names, results, strict=True):
+            for name, sets in zip(names or self.names, results, strict=True):
                 out.append({
                     "op": self.args.op, "backend": name, "device": self.args.device, "world": self.world,
                     "bytes": nbytes, "count": count, "dtype": self.args.dtype, "redop": self.args.redop,
@@ -270,7 +286,8 @@ class Report:
                 })
         return out
 
-    def write_json(self, rows: list, path: str) -> None:
+    def write_json(self, rows: list, path: str, extra: dict | None = None) -> None:
+        """The run as JSON: `rows`' records and what the header says; `extra`'s keys added."""
         doc = {
             "command": " ".join(shlex.quote(a) for a in sys.argv),
             "date": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -296,6 +313,7 @@ class Report:
                 if times is not None
                 else {"not_measured": why}
             )
+        doc.update(extra or {})
         with open(path, "w") as f:
             json.dump(doc, f, indent=1)
         print(f"# wrote {path}")
