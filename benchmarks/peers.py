@@ -15,8 +15,10 @@ Why it is built this way:
 - Every backend runs in a launch of its own (its own processes, its own rendezvous), because the
   peers cannot share processes: mpi4py needs mpirun, DeepSpeed needs its own venv.
 - Machines are noisy, and noise comes in spells that last longer than one launch, so the whole set
-  of launches runs several rounds, the backend order rotated each round, and a cell is the median
-  over rounds. Quote ratios from one run, not absolute times.
+  of launches runs several rounds (--launches N, or --rounds N: N launches per backend), the
+  backend order rotated each round, and a cell is the median over rounds; with more than one, a
+  second table shows each size's best, median and worst launch per backend, and worst/best.
+  Quote ratios from one run, not absolute times.
 - One timing loop for every backend (`_time_sizes`): at each size, WARMUP untimed iterations, a
   barrier, then as many iterations as last about --seconds (the count from the slowest rank's
   warm-up, so the same on every rank); the time is the slowest rank's mean. Barriers and that
@@ -546,6 +548,11 @@ class Results:
         got = self.times.get((backend, world, nbytes))
         return statistics.median(got) if got else None
 
+    def spread(self, backend: str, world: int, nbytes: int) -> tuple[float, float, float] | None:
+        """(best, median, worst) of the launches' times, in seconds; None where none ran."""
+        got = self.times.get((backend, world, nbytes))
+        return (min(got), statistics.median(got), max(got)) if got else None
+
 
 def table(world: int, args, peers: dict[str, Peer], res: Results) -> list[str]:
     """An nccl-tests-like table for one world size, then one summary line per size range."""
@@ -607,6 +614,44 @@ def summary(world: int, sizes: list[int], res: Results) -> list[str]:
     return lines
 
 
+SPREAD_COLUMNS = [("size(B)", 12), ("backend", 10), ("best(us)", 10), ("median(us)", 10), ("worst(us)", 10),
+                  ("busbw(GB/s)", 11), ("worst/best", 10)]
+
+
+def spread(world: int, args, res: Results) -> list[str]:
+    """With more than one launch per backend: each size's best, median and worst launch per
+    backend, busbw at the median and worst/best; then per backend worst/best at the smallest and
+    the largest size. The same table as `python -m ringreduce.bench --launches N` prints."""
+    n = args.rounds
+    widths = [w for _, w in SPREAD_COLUMNS]
+
+    def line(prefix: str, cells: list[str]) -> str:
+        return prefix + " ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True))
+
+    lines = [f"# world {world}: spread over {n} launches per backend: best, median and worst = the least, the "
+             "median and the greatest of the launches' times; busbw at the median; worst/best = the worst "
+             "launch's time / the best's",
+             line("# ", [name for name, _ in SPREAD_COLUMNS])]
+    for nbytes in args.sizes:
+        for b in BACKENDS:
+            got = res.spread(b, world, nbytes)
+            if got:
+                best, median, worst = got
+                lines.append(line("  ", [str(nbytes), LABELS[b], f"{best * 1e6:.1f}", f"{median * 1e6:.1f}",
+                                         f"{worst * 1e6:.1f}", f"{busbw_gbps(nbytes, world, median):.3g}",
+                                         f"{worst / best:.2f}"]))
+    ends = sorted({args.sizes[0], args.sizes[-1]})
+    for b in BACKENDS:
+        parts = []
+        for nbytes in ends:
+            got = res.spread(b, world, nbytes)
+            if got:
+                parts.append(f"{format_size(nbytes)} worst/best = {got[2] / got[0]:.2f}")
+        if parts:
+            lines.append(f"# world {world}, {LABELS[b]}: spread over {n} launches: {', '.join(parts)}")
+    return lines
+
+
 def write_json(path: str, args, peers: dict[str, Peer], res: Results, head: list[str]) -> None:
     itemsize = DTYPES[args.dtype]
     results = []
@@ -614,6 +659,7 @@ def write_json(path: str, args, peers: dict[str, Peer], res: Results, head: list
         for nbytes in args.sizes:
             for b in BACKENDS:
                 t = res.median(b, world, nbytes)
+                got = res.spread(b, world, nbytes)
                 results.append({
                     "backend": b, "world": world, "bytes": nbytes, "count": nbytes // itemsize,
                     "dtype": args.dtype, "op": "sum",
@@ -621,6 +667,9 @@ def write_json(path: str, args, peers: dict[str, Peer], res: Results, head: list
                     "time_us": t * 1e6 if t else None,
                     "busbw_GBps": busbw_gbps(nbytes, world, t) if t else None,
                     "rounds_us": [x * 1e6 for x in res.times.get((b, world, nbytes), [])],
+                    "best_us": got[0] * 1e6 if got else None,
+                    "worst_us": got[2] * 1e6 if got else None,
+                    "worst_over_best": got[2] / got[0] if got else None,
                     "unavailable": peers[b].missing or peers[b].na or None,
                 })
     doc = {"header": [h.lstrip("# ") for h in head], "results": results, "launches": res.runs,
@@ -644,7 +693,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("-e", "--maxbytes", type=parse_size, help="sweep to this size")
     p.add_argument("-f", "--stepfactor", type=int, default=8, help="sweep factor (default 8)")
     p.add_argument("-d", "--dtype", choices=DTYPES, default="float32")
-    p.add_argument("--rounds", type=int, default=3, help="rounds, order rotated; median reported (default 3)")
+    p.add_argument("--launches", "--rounds", dest="rounds", type=int, default=3, metavar="N",
+                   help="launches per backend, each in fresh processes with a fresh rendezvous, in rounds "
+                        "with the order rotated; the table has the median, and with N > 1 a second table "
+                        "each size's best, median and worst launch (default 3; --rounds is the same option)")
     p.add_argument("--seconds", type=float, default=0.2, help="timed seconds per size and launch (default 0.2)")
     p.add_argument("--peers", default="all",
                    help="comma list of mpi, deepspeed; or all (default) or none")
@@ -668,8 +720,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.sizes = sorted(set(args.sizes))
     if any(n % DTYPES[args.dtype] for n in args.sizes):
         p.error(f"every size must be a whole number of {args.dtype} elements")
-    if any(n < 2 for n in args.nproc) or args.rounds < 1:
-        p.error("world sizes must be >= 2 and --rounds >= 1")
+    if any(n < 2 for n in args.nproc):
+        p.error("world sizes must be >= 2")
+    if args.rounds < 1:
+        p.error(f"--launches (--rounds) must be at least 1, got {args.rounds}")
     chosen = {x.strip() for x in args.peers.split(",") if x.strip()}
     if chosen == {"all"}:
         args.peers = list(PEERS)
@@ -724,6 +778,8 @@ def main(argv: list[str]) -> int:
     out = list(head)
     for world in args.nproc:
         out += [""] + table(world, args, peers, res)
+        if args.rounds > 1:
+            out += spread(world, args, res)
     print("\n".join(out), flush=True)
     if args.json:
         write_json(args.json, args, peers, res, head)

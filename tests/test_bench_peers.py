@@ -41,15 +41,17 @@ BACKEND_COLUMNS = {b: 3 + 2 * i for i, b in enumerate(peers.BACKENDS)}
 RATIO_COLUMNS = {b: 3 + 2 * len(peers.BACKENDS) + i for i, b in enumerate(peers.BACKENDS[1:])}
 
 
-def parse_tables(stdout):
-    """{world: rows as token lists} from the benchmark's output."""
-    tables, world = {}, None
+def parse_tables(stdout, spread=False):
+    """{world: rows as token lists} from the benchmark's output: of the main tables, or with
+    `spread` of the spread tables that follow them when there is more than one launch."""
+    tables, world, in_spread = {}, None, False
     for line in stdout.splitlines():
-        m = re.match(r"# world (\d+) \(", line)
+        m = re.match(r"# world (\d+)( \(|: spread over)", line)
         if m:
-            world = int(m.group(1))
-            tables[world] = []
-        elif line.strip() and not line.startswith("#"):
+            world, in_spread = int(m.group(1)), m.group(2) != " ("
+            if in_spread == spread:
+                tables[world] = []
+        elif line.strip() and not line.startswith("#") and in_spread == spread:
             tables[world].append(line.split())
     return tables
 
@@ -95,6 +97,49 @@ def test_table_with_ringreduce_and_gloo_only(tmp_path):
     assert records[("ringreduce", 1024)]["algorithm"] == rows[0][2]
     assert records[("mpi", 1024)]["time_us"] is None
     assert records[("deepspeed", 1024)]["unavailable"] == "left out by --peers"
+
+
+@needs_ringreduce
+def test_launches_print_the_spread(tmp_path):
+    path = tmp_path / "peers.json"
+    out = subprocess.run(
+        [sys.executable, SCRIPT, "--peers", "none", "-g", "2", "--sizes", "1K", "4K", "--launches", "2",
+         "--seconds", "0.02", "--timeout", "50", "--json", str(path)],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, f"stdout:\n{out.stdout}\nstderr:\n{out.stderr[-4000:]}"
+    assert [int(r[0]) for r in parse_tables(out.stdout)[2]] == [1024, 4096]  # the main table as before
+    rows = parse_tables(out.stdout, spread=True)[2]
+    assert [(int(r[0]), r[1]) for r in rows] == [(n, b) for n in (1024, 4096) for b in ("ringreduce", "gloo")]
+    for r in rows:
+        best, median, worst, busbw, ratio = map(float, r[2:])
+        assert 0 < best <= median <= worst and busbw > 0 and ratio >= 1, r
+    for b in ("ringreduce", "gloo"):
+        assert re.search(rf"^# world 2, {b}: spread over 2 launches: 1KiB worst/best = [\d.]+, 4KiB worst/best = "
+                         r"[\d.]+$", out.stdout, re.M), out.stdout
+    doc = json.loads(path.read_text())
+    assert sorted((x["round"], x["backend"]) for x in doc["launches"]) == [(r, b) for r in (0, 1)
+                                                                          for b in ("gloo", "ringreduce")]
+    for r in doc["results"]:
+        if r["backend"] in ("ringreduce", "gloo"):
+            assert len(r["rounds_us"]) == 2, r
+            assert r["best_us"] == min(r["rounds_us"]) and r["worst_us"] == max(r["rounds_us"]), r
+
+
+def test_results_spread_is_best_median_worst():
+    res = peers.Results()
+    res.add(0, "ringreduce", 2, {"rows": [{"bytes": 1024, "time_s": 1e-5, "iters": 1}]})
+    assert res.spread("ringreduce", 2, 1024) == (1e-5, 1e-5, 1e-5)
+    assert res.spread("gloo", 2, 1024) is None
+
+
+def test_parse_args_launches_is_rounds(capsys):
+    assert peers.parse_args(["--launches", "5"]).rounds == 5
+    assert peers.parse_args(["--rounds", "2"]).rounds == 2
+    for bad in ("0", "-1"):
+        with pytest.raises(SystemExit):
+            peers.parse_args(["--launches", bad])
+        assert "--launches (--rounds) must be at least 1" in capsys.readouterr().err
 
 
 def test_parse_args_sizes_and_peers():
