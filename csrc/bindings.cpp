@@ -58,6 +58,12 @@ PYBIND11_MODULE(_C, m) {
           [](const ringreduce::RingBackend& b) { return ringreduce::transport_mode_name(b.config().transport); })
       .def_property_readonly("check_fingerprints",
                              [](const ringreduce::RingBackend& b) { return b.config().check_fingerprints; })
+      .def_property_readonly(
+          "stream", [](const ringreduce::RingBackend& b) {
+            return std::string(ringreduce::SlotWrites::name(b.config().stream));
+          })
+      .def_property_readonly("stream_bytes",
+                             [](const ringreduce::RingBackend& b) { return b.config().stream_bytes; })
       .def_property_readonly("tcp_sockets",
                              [](const ringreduce::RingBackend& b) { return b.config().tcp_sockets; })
       .def("tcp_peers", &ringreduce::RingBackend::tcp_peers,

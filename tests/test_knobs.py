@@ -88,14 +88,15 @@ AGREED = {"RINGREDUCE_SLICE_BYTES": "4K", "RINGREDUCE_SLOTS": "3", "RINGREDUCE_S
           "RINGREDUCE_YIELD_US": "11", "RINGREDUCE_TRANSPORT": "tcp", "RINGREDUCE_TCP_SOCKETS": "3",
           "RINGREDUCE_CHECK_FINGERPRINTS": "0", "RINGREDUCE_CUDA_SLICE_BYTES": "64K",
           "RINGREDUCE_CUDA_TRANSPORT": "staged", "RINGREDUCE_ALGO": "ring",
-          "RINGREDUCE_WINDOW_BYTES": "0", "RINGREDUCE_FAKE_HOSTS": "0"}
+          "RINGREDUCE_WINDOW_BYTES": "0", "RINGREDUCE_FAKE_HOSTS": "0", "RINGREDUCE_STREAM": "stream",
+          "RINGREDUCE_STREAM_BYTES": "1M"}
 
 
 def _rank_config(ctx):
     import torch
     b = ctx.group._get_backend(torch.device("cpu"))
     return (b.slice_bytes, b.slots, b.spin_us, b.transport, b.tcp_sockets, b.check_fingerprints,
-            b.algorithm("allreduce", 64))
+            b.algorithm("allreduce", 64), b.stream, b.stream_bytes)
 
 
 def test_every_agreed_knob_travels_through_the_store(ranks, standin):
@@ -105,7 +106,7 @@ def test_every_agreed_knob_travels_through_the_store(ranks, standin):
         pytest.skip("ringreduce's knobs")
     assert set(AGREED) == {n for n, k in _knob_table().items() if k["scope"] == "agreed"}
     out = ranks(2, env=AGREED).run(_rank_config, timeout=60)
-    assert list(out[0]) == list(out[1]) == [4096, 3, 7, "tcp", 3, False, "ring"], out
+    assert list(out[0]) == list(out[1]) == [4096, 3, 7, "tcp", 3, False, "ring", "stream", 1 << 20], out
 
 
 def _knob_table():
@@ -118,6 +119,7 @@ def _knob_table():
     ("RINGREDUCE_SLICE_BYTES", "12Q", "RINGREDUCE_SLICE_BYTES=12Q is not a byte count"),
     ("RINGREDUCE_CUDA_TRANSPORT", "x", "RINGREDUCE_CUDA_TRANSPORT=x must be auto, ipc or staged"),
     ("RINGREDUCE_ALGO", "fast", "RINGREDUCE_ALGO"),
+    ("RINGREDUCE_STREAM", "yes", "RINGREDUCE_STREAM=yes must be auto, plain or stream"),
 ])
 def test_a_bad_value_fails_naming_the_variable(tmp_path, standin, name, value, message):
     if standin:

@@ -47,9 +47,16 @@ void Collectives::allreduce(const void* in, void* out, size_t count, DType t, Re
     return hier_->allreduce(in, out, count, t, op, divisor, fp, ctx, dl);
   }
   const MsgHeader fp = window_fp(ctx, OpKind::Allreduce, count, t, op, divisor, -1, a);
-  const oneshot::Call c{*w_, rank_, size_, fp, ctx, dl};
-  if (a == Algo::TwoShot) return twoshot::allreduce(c, in, out, count, t, op, divisor);
-  oneshot::allreduce(c, in, out, count, t, op, divisor);
+  const size_t bytes = count * dtype_size(t);
+  const bool stream = window_writes_.stream(bytes, /*timed=*/true);
+  const auto started = Clock::now();
+  const oneshot::Call c{*w_, rank_, size_, fp, ctx, dl, stream};
+  if (a == Algo::TwoShot) {
+    twoshot::allreduce(c, in, out, count, t, op, divisor);
+  } else {
+    oneshot::allreduce(c, in, out, count, t, op, divisor);
+  }
+  window_writes_.done(bytes, stream, std::chrono::duration<double>(Clock::now() - started).count());
 }
 
 void Collectives::reduce_scatter(const Chunks& in, void* out, size_t count, DType t, RedOp op,

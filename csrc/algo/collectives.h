@@ -54,6 +54,8 @@ class Collectives {
   // would take in this group.
   Algo algorithm(OpKind kind, size_t bytes) const;
   const Selector& selector() const { return sel_; }
+  // How the window all-reduces write what the peers read (ring/handoff.h); the ring has its own.
+  SlotWrites& window_writes() { return window_writes_; }
   void set_selector(const Selector& s) { sel_ = s; }
 
  private:
@@ -61,6 +63,7 @@ class Collectives {
   PeerWindow* w_;
   std::unique_ptr<Hierarchical> hier_;
   Selector sel_;
+  SlotWrites window_writes_;
   int rank_;
   int size_;
 };

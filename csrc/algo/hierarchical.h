@@ -29,6 +29,10 @@ class Hierarchical {
   // order, inside its host and then across hosts, and copied from there).
   void allreduce(const void* in, void* out, size_t count, DType t, RedOp op, int64_t divisor,
                  const MsgHeader& fp, const OpContext& ctx, const Deadline& dl);
+  // How the phases inside the host write the slots a peer core reads (Ring::slot_writes). They
+  // are not timed: in the measured mode they follow what they have learnt, which is nothing, so
+  // they write plainly unless streaming is asked for.
+  SlotWrites& host_slot_writes() { return host_.slot_writes(); }
 
  private:
   SubTransport host_t_;   // this rank's host, in rank order

@@ -48,7 +48,7 @@ void reduce_all_chunks(const Call& c, void* out, size_t count, DType t, RedOp op
 void allreduce(const Call& c, const void* in, void* out, size_t count, DType t, RedOp op,
                int64_t divisor) {
   const size_t bytes = count * dtype_size(t);
-  exchange(c, [&](uint8_t* mine) { copy(mine, in, bytes); });
+  exchange(c, [&](uint8_t* mine) { copy(mine, in, bytes, c.stream); });
   reduce_all_chunks(c, out, count, t, op, divisor);
 }
 

@@ -32,6 +32,8 @@ struct Call {
   const MsgHeader& fp;  // the op's fingerprint, bytes = the algorithm
   const OpContext& ctx;
   const Deadline& dl;
+  // What this rank writes into its buffer for the peers goes around the cache (ring/handoff.h).
+  bool stream = false;
 };
 
 // out = in[0] op in[1] op ... op in[n-1], divided by `divisor` unless 1. in may equal out.

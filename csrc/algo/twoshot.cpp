@@ -14,18 +14,28 @@ void allreduce(const oneshot::Call& c, const void* in, void* out_ptr, size_t cou
   auto len = [&](int r) { return std::min(count - lo(r), chunk); };
 
   uint8_t* mine = c.w.begin(c.fp, c.ctx);
-  copy(mine, in, count * es);
+  copy(mine, in, count * es, c.stream);
   c.w.publish();
   c.w.wait_all(c.ctx, c.dl);
 
   // Chunk r, reduced into this rank's own buffer: nobody else reads it before the next phase.
-  oneshot::reduce_chunk(c, mine + lo(c.rank) * es, c.rank, lo(c.rank) * es, len(c.rank), t, op,
-                        divisor);
+  // Streamed, it is reduced into the output first (the input is in the buffer by now, so the
+  // output may be the input) and streamed from there into the buffer.
+  auto* out = static_cast<uint8_t*>(out_ptr);
+  const size_t own = lo(c.rank) * es;
+  if (c.stream) {
+    oneshot::reduce_chunk(c, out + own, c.rank, own, len(c.rank), t, op, divisor);
+    copy(mine + own, out + own, len(c.rank) * es, true);
+  } else {
+    oneshot::reduce_chunk(c, mine + own, c.rank, own, len(c.rank), t, op, divisor);
+  }
   c.w.publish();
   c.w.wait_all(c.ctx, c.dl);
 
-  auto* out = static_cast<uint8_t*>(out_ptr);
-  for (int p = 0; p < c.size; ++p) copy(out + lo(p) * es, c.w.buffer(p) + lo(p) * es, len(p) * es);
+  for (int p = 0; p < c.size; ++p) {
+    if (p == c.rank && c.stream) continue;  // in the output already
+    copy(out + lo(p) * es, c.w.buffer(p) + lo(p) * es, len(p) * es);
+  }
 }
 
 }  // namespace ringreduce::twoshot

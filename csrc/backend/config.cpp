@@ -80,6 +80,14 @@ void set_slice_bytes(Config& c, const char* var, const char* v) {
   c.slice_bytes = b;
 }
 
+void set_stream(Config& c, const char* var, const char* v) { c.stream = SlotWrites::parse(v, var); }
+
+void set_stream_bytes(Config& c, const char* var, const char* v) {
+  const uint64_t b = parse_bytes(var, v);
+  RR_CHECK(b <= (1ull << 40), "ringreduce: ", var, "=", v, " must be at most 1T");
+  c.stream_bytes = b;
+}
+
 void set_cuda_slice_bytes(Config& c, const char* var, const char* v) {
   const uint64_t b = parse_bytes(var, v);
   RR_CHECK(b >= 4096 && b <= (1ull << 30) && b % 4096 == 0, "ringreduce: ", var, "=", v,
@@ -149,6 +157,7 @@ std::string show(bool v) { return v ? "1" : "0"; }
 std::string show(std::chrono::microseconds v) { return std::to_string(v.count()); }
 std::string show(TransportMode v) { return transport_mode_name(v); }
 std::string show(Algo v) { return algo_name(v); }
+std::string show(SlotWrites::Mode v) { return SlotWrites::name(v); }
 std::string show(const std::string& v) { return v; }
 
 struct ConfigKnob {

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "algo/select.h"
+#include "ring/handoff.h"
 #include "transport/links.h"
 
 namespace ringreduce {
@@ -19,6 +20,10 @@ struct Config {
   size_t slice_bytes = 128 << 10;
   // Slots per link: how many slices a rank may be ahead of its successor.
   uint32_t slots = 4;
+  // How ops of at least stream_bytes write the slots their peers read next: measured (auto),
+  // plainly or with non-temporal stores (ring/handoff.h; RINGREDUCE_STREAM, _STREAM_BYTES).
+  SlotWrites::Mode stream = SlotWrites::Mode::Auto;
+  size_t stream_bytes = 64u << 10;
   // How long a waiting rank spins before it sleeps on a futex: see default_spin().
   std::chrono::microseconds spin{50};
   // Then how long it yields its CPU before it sleeps: see default_yield().

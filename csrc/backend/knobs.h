@@ -45,6 +45,10 @@ struct Knob {
   X(slice_bytes, "RINGREDUCE_SLICE_BYTES", Bytes, "128K; 512K with more ranks than CPUs",             \
     "payload of one message: the slice the ring pipelines (a multiple of 64, 64 to 64M)")            \
   X(slots, "RINGREDUCE_SLOTS", Count, "4", "slices in flight per link (2 to 64)")                     \
+  X(stream, "RINGREDUCE_STREAM", Choice, "auto",                                                      \
+    "how large ops write the slots a peer reads next: auto (measured), plain or stream")             \
+  X(stream_bytes, "RINGREDUCE_STREAM_BYTES", Bytes, "64K",                                           \
+    "the smallest op that RINGREDUCE_STREAM applies to; smaller ones write plainly")                 \
   X(spin, "RINGREDUCE_SPIN_US", Count, "50; 2 with more ranks than CPUs",                             \
     "how long a waiting rank spins before it sleeps on a futex, in microseconds")                    \
   X(yield, "RINGREDUCE_YIELD_US", Count, "0; 2000 with more ranks than CPUs",                         \

@@ -82,15 +82,18 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     links_ = std::make_unique<Links>(bs, prefix, rank, size, lo);
     ring_ = std::make_unique<Ring>(links_->transport(), config_.slice_bytes);
     ring_->set_check_fingerprints(config_.check_fingerprints);
+    ring_->slot_writes().configure(config_.stream, config_.stream_bytes, rank);
     const HostLayout& hosts = links_->hosts();
     const Selector selector(size, config_.window_bytes, config_.algo, hosts.hosts(), hosts.per_host());
     std::unique_ptr<Hierarchical> hierarchical;
     if (selector.hierarchical()) {
       hierarchical = std::make_unique<Hierarchical>(links_->transport(), hosts, config_.slice_bytes,
                                                     config_.check_fingerprints);
+      hierarchical->host_slot_writes().configure(config_.stream, config_.stream_bytes, rank);
     }
     algo_ = std::make_unique<Collectives>(*ring_, links_->transport().window(), selector,
                                           std::move(hierarchical));
+    algo_->window_writes().configure(config_.stream, config_.stream_bytes, rank);
 #ifdef RINGREDUCE_WITH_CUDA
     // Nothing is set up on a device until the group's first CUDA op.
     cuda_ = std::make_unique<CudaSide>(store, prefix, rank, size, config_, links_->transport());
@@ -147,7 +150,8 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                              prefix, " (flight uid ", meta.group_uid, "); peers over shm: ",
                              shm.empty() ? "none" : shm, "; over tcp: ", tcp.empty() ? "none" : tcp,
                              tcp.empty() ? "" : detail::cat(" (listening on ", links_->tcp_address(), ")"),
-                             "; ", links_->hosts().describe(), "; algorithms: ", selector.describe(), "; ", config_.to_string()));
+                             "; ", links_->hosts().describe(), "; algorithms: ", selector.describe(), "; slot writes: ",
+                             ring_->slot_writes().describe(), "; ", config_.to_string()));
     }
   } catch (const c10::Error& e) {
     bs.fail(detail::cat("rank ", rank, " failed: ", e.what_without_backtrace()));

@@ -34,6 +34,19 @@ class Kernels {
     if (divisor != 1) divide(dst, dst, n, t, divisor);
     copy(out, dst, n * dtype_size(t), false);
   }
+  // reduce() and reduce_and_copy() whose `dst` is a slot that a peer reads next, in an op too large
+  // to stay in cache (ring/handoff.h): the host kernels write dst with non-temporal stores,
+  // so the reader fetches it from memory instead of from the writer's cache, which costs far more
+  // where the two cores share no cache (docs/design.md, "Hand-offs between cores"). Same results,
+  // bit for bit; kernels without such stores run the plain calls.
+  virtual void reduce_streamed(void* dst, const void* a, const void* b, size_t n, DType t,
+                               RedOp op) {
+    reduce(dst, a, b, n, t, op);
+  }
+  virtual void reduce_and_copy_streamed(void* dst, void* out, const void* a, const void* b,
+                                        size_t n, DType t, RedOp op, int64_t divisor) {
+    reduce_and_copy(dst, out, a, b, n, t, op, divisor);
+  }
 };
 
 // The host kernels of reduce/reduce.h; one instance serves every ring.

@@ -30,6 +30,10 @@ void divide(void* dst, const void* src, size_t n, DType t, int64_t divisor);
 void reduce_and_copy(void* dst, void* out, const void* a, const void* b, size_t n, DType t, RedOp op,
                      int64_t divisor);
 
+// reduce() with dst written by non-temporal stores (through a block in L1): for a destination that
+// another core reads next and that would not stay in cache anyway. Same contract and bits.
+void reduce_streamed(void* dst, const void* a, const void* b, size_t n, DType t, RedOp op);
+
 // dst[i] = (src[0][i] op src[1][i] op ... op src[m-1][i]), left to right, divided by `divisor`
 // unless it is 1 (AVG): the reduction of the one-shot and two-shot algorithms, which read every
 // rank's contribution at once. Bit for bit what reduce() m-1 times and then divide() give (fp16 and
@@ -42,8 +46,9 @@ void reduce_many(void* dst, const void* const* src, int m, size_t n, DType t, Re
 // dst[i] = src[i] * factor (PREMUL_SUM's pre-scaling). Floating and complex types only.
 void scale(void* dst, const void* src, size_t n, DType t, double factor);
 
-// memcpy for slices. `streaming` asks for non-temporal stores: use it when dst will not be read
-// again soon (the caller's output buffer), never for data a peer is about to read.
+// memcpy for slices. `streaming` asks for non-temporal stores: for a dst that will not be read
+// again soon from this core's cache (a large output; a slot that another core reads next, where
+// ring/handoff.h measured that to be faster).
 void copy(void* dst, const void* src, size_t bytes, bool streaming = false);
 
 // Which copy of the hot loops this process runs, as chosen at load time from the CPU: "avx2",

@@ -761,6 +761,37 @@ void copy(void* dst, const void* src, size_t bytes, bool streaming) {
   std::memcpy(dst, src, bytes);
 }
 
+void reduce_streamed(void* dst, const void* a, const void* b, size_t n, DType t, RedOp op) {
+#if RR_X86_64
+  // Each block is reduced into L1 and streamed out from there: one kernel per dtype and op, not a
+  // second, non-temporal copy of every loop. The block is small enough to stay in L1 beside the
+  // operands' lines and large enough that the calls cost nothing beside its bytes.
+  constexpr size_t kBlockBytes = 8 * 1024;
+  const size_t es = dtype_size(t);
+  if (n * es < kStreamingMinBytes) {
+    reduce(dst, a, b, n, t, op);
+    return;
+  }
+  RR_CHECK(dst && a && b, "ringreduce reduce_streamed (", redop_name(op), ", ", dtype_name(t),
+           "): null buffer for ", n, " elements");
+  check_no_partial_overlap("reduce_streamed", dst, a, n * es, t);
+  check_no_partial_overlap("reduce_streamed", dst, b, n * es, t);
+  alignas(64) unsigned char block[kBlockBytes];
+  const size_t per_block = kBlockBytes / es;
+  auto* d = static_cast<char*>(dst);
+  const auto* x = static_cast<const char*>(a);
+  const auto* y = static_cast<const char*>(b);
+  for (size_t i = 0; i < n; i += per_block) {
+    const size_t m = std::min(per_block, n - i);
+    // Block i of a and b is read in full before block i of dst is written: dst may be a or b.
+    reduce(block, x + i * es, y + i * es, m, t, op);
+    copy(d + i * es, block, m * es, true);  // a short last block goes plain
+  }
+#else
+  reduce(dst, a, b, n, t, op);
+#endif
+}
+
 }  // namespace ringreduce
 
 namespace ringreduce {
@@ -781,6 +812,28 @@ class CpuKernels final : public Kernels {
   void reduce_and_copy(void* dst, void* out, const void* a, const void* b, size_t n, DType t,
                        RedOp op, int64_t divisor) override {
     ringreduce::reduce_and_copy(dst, out, a, b, n, t, op, divisor);
+  }
+  void reduce_streamed(void* dst, const void* a, const void* b, size_t n, DType t,
+                       RedOp op) override {
+    ringreduce::reduce_streamed(dst, a, b, n, t, op);
+  }
+  // The result is made in `out` (plain stores: the caller reads it soon) and streamed from there
+  // into `dst`, while it is still in cache: the same bits as the fused pass, in reduce_and_copy's
+  // own three steps.
+  void reduce_and_copy_streamed(void* dst, void* out, const void* a, const void* b, size_t n,
+                                DType t, RedOp op, int64_t divisor) override {
+    if (n == 0) return;
+    const size_t bytes = n * dtype_size(t);
+    const auto pd = reinterpret_cast<uintptr_t>(dst);
+    const auto po = reinterpret_cast<uintptr_t>(out);
+    const auto pa = reinterpret_cast<uintptr_t>(a);
+    RR_CHECK(dst && out && (pd + bytes <= po || po + bytes <= pd) &&
+                 (po + bytes <= pa || pa + bytes <= po),
+             "ringreduce reduce_and_copy_streamed (", dtype_name(t),
+             "): the slot, the output and the received partial must not overlap");
+    ringreduce::reduce(out, a, b, n, t, op);
+    if (divisor != 1) ringreduce::divide(out, out, n, t, divisor);
+    ringreduce::copy(dst, out, bytes, true);
   }
 };
 

@@ -26,6 +26,7 @@ void Ring::broadcast(void* buf_ptr, size_t count, DType t, int root, const OpCon
   const size_t slice = std::max<size_t>(1, slice_bytes_ / es);
   const size_t nslices = std::max<size_t>(1, ceil_div(count, slice));
   const bool streaming = kStreamOutputs || count * es >= kStreamLargeOutputBytes;
+  const bool stream_sends = writes_.stream(count * es, false);
   const MsgHeader fp = fingerprint(ctx, OpKind::Broadcast, count, t, 0, root);
   // A rank hears only from its predecessor, and the root from no one: the round first makes every
   // rank check every other, so a desync fails them all before any buffer is written.
@@ -36,13 +37,13 @@ void Ring::broadcast(void* buf_ptr, size_t count, DType t, int root, const OpCon
     const size_t len = std::min(count - off, slice);
     if (pos == 0) {
       void* dst = t_.send_begin(next, ctx, dl);
-      if (len) k_.copy(dst, buf + off * es, len * es, false);
+      if (len) k_.copy(dst, buf + off * es, len * es, stream_sends);
       send_done(next, fp, len * es);
     } else {
       const void* src = recv_checked(prev, fp, len * es, ctx, dl);
       if (pos < n - 1) {  // forward before writing our copy: the successor starts sooner
         void* dst = t_.send_begin(next, ctx, dl);
-        if (len) k_.copy(dst, src, len * es, false);
+        if (len) k_.copy(dst, src, len * es, stream_sends);
         send_done(next, fp, len * es);
       }
       if (len) k_.copy(buf + off * es, src, len * es, streaming);

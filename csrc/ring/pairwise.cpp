@@ -24,6 +24,9 @@ void Ring::alltoall(const Chunks& in, const std::vector<size_t>& send_counts, co
   size_t out_bytes = 0;
   for (size_t c : recv_counts) out_bytes += c * es;
   const bool streaming = out_bytes >= kStreamLargeOutputBytes;
+  size_t in_bytes = 0;
+  for (size_t c : send_counts) in_bytes += c * es;
+  const bool stream_sends = writes_.stream(in_bytes, false);
   const size_t slice = std::max<size_t>(1, slice_bytes_ / es);
   // First every pair checks its counts with one empty message each way, and the round makes every
   // rank hear that all pairs agreed (a rank that found a mismatch aborts the group and forwards
@@ -55,7 +58,7 @@ void Ring::alltoall(const Chunks& in, const std::vector<size_t>& send_counts, co
         const size_t off = std::min(send_counts[to], j * slice);
         const size_t len = std::min(send_counts[to] - off, slice);
         void* dst = t_.send_begin(to, ctx, dl);
-        if (len) k_.copy(dst, in.at(to) + off * es, len * es, false);
+        if (len) k_.copy(dst, in.at(to) + off * es, len * es, stream_sends);
         send_done(to, fp_out, len * es);
       }
       if (j < nrecv) {

@@ -84,7 +84,7 @@ void Ring::send_done(int peer, MsgHeader hdr, size_t bytes) {
   t_.send_end(peer, hdr);
 }
 
-Ring::Plan Ring::plan(size_t count, size_t chunk, DType t) const {
+Ring::Plan Ring::plan(size_t count, size_t chunk, DType t, bool timed) {
   Plan p;
   p.es = dtype_size(t);
   p.count = count;
@@ -94,6 +94,7 @@ Ring::Plan Ring::plan(size_t count, size_t chunk, DType t) const {
   // from its neighbour's hears about it instead of returning while the neighbour waits.
   p.nslices = std::max<size_t>(1, ceil_div(chunk, p.slice));
   p.streaming = kStreamOutputs;
+  p.stream_sends = writes_.stream(count * p.es, timed);
   return p;
 }
 
@@ -117,7 +118,7 @@ void Ring::reduce_scatter_slice(const Plan& p, size_t j, const Chunks& in, DType
     const int c = mod(r - 1);
     const Span sp = span(p, c, j);
     void* dst = t_.send_begin(next, ctx, dl);
-    if (sp.len) k_.copy(dst, in.at(c) + sp.offset * p.es, sp.len * p.es, false);
+    if (sp.len) k_.copy(dst, in.at(c) + sp.offset * p.es, sp.len * p.es, p.stream_sends);
     send_done(next, fp, sp.len * p.es);
   }
   for (int s = 1; s < n - 1; ++s) {
@@ -125,7 +126,11 @@ void Ring::reduce_scatter_slice(const Plan& p, size_t j, const Chunks& in, DType
     const Span sp = span(p, c, j);
     const void* src = recv_checked(prev, fp, sp.len * p.es, ctx, dl);
     void* dst = t_.send_begin(next, ctx, dl);
-    if (sp.len) k_.reduce(dst, src, in.at(c) + sp.offset * p.es, sp.len, t, op);
+    if (sp.len && p.stream_sends) {
+      k_.reduce_streamed(dst, src, in.at(c) + sp.offset * p.es, sp.len, t, op);
+    } else if (sp.len) {
+      k_.reduce(dst, src, in.at(c) + sp.offset * p.es, sp.len, t, op);
+    }
     send_done(next, fp, sp.len * p.es);
     t_.recv_end(prev);
   }
@@ -155,7 +160,7 @@ void Ring::all_gather_slice(const Plan& p, size_t j, const Chunks& out, const Ms
     const void* src = recv_checked(prev, fp, sp.len * p.es, ctx, dl);
     if (s < n - 1) {  // forward first: the successor can start while we write our copy
       void* dst = t_.send_begin(next, ctx, dl);
-      if (sp.len) k_.copy(dst, src, sp.len * p.es, false);
+      if (sp.len) k_.copy(dst, src, sp.len * p.es, p.stream_sends);
       send_done(next, fp, sp.len * p.es);
     }
     uint8_t* target = out.at(c) + sp.offset * p.es;
@@ -179,7 +184,8 @@ void Ring::allreduce(const void* in_ptr, void* out_ptr, size_t count, DType t, R
     if (divisor != 1 && count > 0) k_.divide(out_ptr, out_ptr, count, t, divisor);
     return;
   }
-  const Plan p = plan(count, ceil_div(count, static_cast<size_t>(n)), t);
+  const Plan p = plan(count, ceil_div(count, static_cast<size_t>(n)), t, /*timed=*/true);
+  const auto started = Clock::now();
   const Chunks in(in_ptr, p.chunk * es), out(out_ptr, p.chunk * es);
   const int next = (rank_ + 1) % n;
   // From the predecessor come, per slice, n-1 reduce-scatter messages (reduced out of their slot)
@@ -198,14 +204,19 @@ void Ring::allreduce(const void* in_ptr, void* out_ptr, size_t count, DType t, R
     reduce_scatter_slice(p, j, in, t, op, fp, ctx, dl,
                          [&](const Span& sp, const void* partial, const uint8_t* mine) {
                            void* dst = t_.send_begin(next, ctx, dl);
-                           if (sp.len) {
-                             k_.reduce_and_copy(dst, out.at(rank_) + sp.offset * es, partial, mine,
-                                                sp.len, t, op, divisor);
+                           uint8_t* result = out.at(rank_) + sp.offset * es;
+                           if (sp.len && p.stream_sends) {
+                             k_.reduce_and_copy_streamed(dst, result, partial, mine, sp.len, t, op,
+                                                         divisor);
+                           } else if (sp.len) {
+                             k_.reduce_and_copy(dst, result, partial, mine, sp.len, t, op, divisor);
                            }
                            send_done(next, fp, sp.len * es);
                          });
     all_gather_slice(p, j, out, fp, ctx, dl);
   }
+  writes_.done(count * es, p.stream_sends,
+               std::chrono::duration<double>(Clock::now() - started).count());
 }
 
 void Ring::reduce_scatter_part(const void* in_ptr, void* out_ptr, size_t count, DType t, RedOp op,
@@ -249,7 +260,7 @@ void Ring::all_gather_part(void* buf, size_t count, DType t, const MsgHeader& fp
   for (size_t j = 0; j < p.nslices; ++j) {
     const Span sp = span(p, rank_, j);
     void* dst = t_.send_begin(next, ctx, dl);
-    if (sp.len) k_.copy(dst, out.at(rank_) + sp.offset * es, sp.len * es, false);
+    if (sp.len) k_.copy(dst, out.at(rank_) + sp.offset * es, sp.len * es, p.stream_sends);
     send_done(next, fp, sp.len * es);
     all_gather_slice(p, j, out, fp, ctx, dl);
   }
@@ -305,7 +316,7 @@ void Ring::all_gather(const void* in_ptr, const Chunks& out, size_t count, DType
   for (size_t j = 0; j < p.nslices; ++j) {
     const Span sp = span(p, rank_, j);
     void* dst = t_.send_begin(next, ctx, dl);
-    if (sp.len) k_.copy(dst, in + sp.offset * es, sp.len * es, false);
+    if (sp.len) k_.copy(dst, in + sp.offset * es, sp.len * es, p.stream_sends);
     send_done(next, fp, sp.len * es);
     all_gather_slice(p, j, out, fp, ctx, dl);
   }
@@ -333,7 +344,9 @@ void Ring::reduce(const void* in_ptr, void* out_ptr, size_t count, DType t, RedO
                            const bool at_root = rank_ == root;
                            void* dst = at_root ? out.at(root) + sp.offset * es
                                                : t_.send_begin(root, ctx, dl);
-                           if (sp.len) {
+                           if (sp.len && !at_root && p.stream_sends && divisor == 1) {
+                             k_.reduce_streamed(dst, partial, mine, sp.len, t, op);
+                           } else if (sp.len) {
                              k_.reduce(dst, partial, mine, sp.len, t, op);
                              if (divisor != 1) k_.divide(dst, dst, sp.len, t, divisor);
                            }

@@ -22,6 +22,7 @@
 #include "common/deadline.h"
 #include "common/dtype.h"
 #include "reduce/kernels.h"
+#include "ring/handoff.h"
 #include "transport/transport.h"
 
 namespace ringreduce {
@@ -52,6 +53,9 @@ class Ring {
   Ring(Transport& transport, size_t slice_bytes, Kernels& kernels = cpu_kernels());
   // Whether received headers are compared with the op (on by default; see Config).
   void set_check_fingerprints(bool on) { check_fingerprints_ = on; }
+  // How ops write the slots their peers read next: plainly or around the cache, chosen by
+  // measuring the all-reduces (ring/handoff.h). Plain until configured.
+  SlotWrites& slot_writes() { return writes_; }
 
   // out = in[rank 0] op in[rank 1] op ... (count elements of type t on every rank), then divided
   // by `divisor` when it is not 1 (AVG). `in` may equal `out`; otherwise they must not overlap.
@@ -147,12 +151,14 @@ class Ring {
   struct Plan {
     size_t count, chunk, slice, nslices, es;
     bool streaming;  // outputs go around the cache
+    bool stream_sends;  // slots a peer reads next are written around the cache (slot_writes())
   };
   struct Span {
     size_t offset;  // elements from the start of the chunk
     size_t len;
   };
-  Plan plan(size_t count, size_t chunk, DType t) const;
+  // `timed`: the op reports its time to slot_writes() (the all-reduce).
+  Plan plan(size_t count, size_t chunk, DType t, bool timed = false);
   static Span span(const Plan& p, int c, size_t j);
 
   // The reduce-scatter of slice j: steps 0..n-2 pass partial sums along the ring, each rank adding
@@ -179,6 +185,7 @@ class Ring {
   int size_;
   size_t slice_bytes_;
   bool check_fingerprints_ = true;
+  SlotWrites writes_;
 };
 
 }  // namespace ringreduce

@@ -26,7 +26,7 @@ void Ring::gather(const void* in_ptr, const Chunks& out, size_t count, DType t, 
     const Span sp = span(p, 0, j);
     if (rank_ != root) {
       void* dst = t_.send_begin(root, ctx, dl);
-      if (sp.len) k_.copy(dst, in + sp.offset * es, sp.len * es, false);
+      if (sp.len) k_.copy(dst, in + sp.offset * es, sp.len * es, p.stream_sends);
       send_done(root, fp, sp.len * es);
       continue;
     }
@@ -56,7 +56,7 @@ void Ring::scatter(const Chunks& in, void* out_ptr, size_t count, DType t, int r
       for (int c = 0; c < size_; ++c) {
         if (c == root) continue;
         void* dst = t_.send_begin(c, ctx, dl);
-        if (sp.len) k_.copy(dst, in.at(c) + sp.offset * es, sp.len * es, false);
+        if (sp.len) k_.copy(dst, in.at(c) + sp.offset * es, sp.len * es, p.stream_sends);
         send_done(c, fp, sp.len * es);
       }
     } else {

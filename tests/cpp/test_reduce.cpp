@@ -22,6 +22,7 @@
 #include "common/dtype.h"
 #include "common/error.h"
 #include "reduce/half.h"
+#include "reduce/kernels.h"
 #include "reduce/reduce.h"
 #include "rrtest.h"
 
@@ -709,6 +710,71 @@ RR_TEST(reduce_and_copy_is_reduce_divide_copy_bit_for_bit) {
     }
   }
   RR_EXPECT(cases > 1000, "ran ", cases, " cases");
+}
+
+// The streamed forms write their destination with non-temporal stores, block by block: the
+// same bytes as the plain calls, for every dtype and op, at counts around the block and the
+// streaming threshold, unaligned destinations, and a destination that is an input.
+RR_TEST(streamed_kernels_are_the_plain_ones_bit_for_bit) {
+  Rng g(4242);
+  size_t cases = 0;
+  Kernels& k = cpu_kernels();
+  for (DType t : kAllTypes) {
+    const size_t es = dtype_size(t);
+    for (RedOp op : kAllOps) {
+      if (!supported(t, op)) continue;
+      for (size_t n : {size_t(0), size_t(1), size_t(17), 4096 / es - 1, 4096 / es, 8192 / es + 3,
+                       size_t(65536 + 3)}) {
+        for (size_t offset : {size_t(0), size_t(1)}) {
+          for (int mode = 0; mode < 3; ++mode) {  // 0: distinct, 1: dst is a, 2: dst is b
+            const size_t bytes = n * es;
+            GuardedBuffer A(bytes, offset * es), B(bytes, offset * es), D(bytes, offset * es),
+                W(bytes, 0);
+            fill_random(t, A.data(), n, g);
+            fill_random(t, B.data(), n, g);
+            if (n > 0) reduce(W.data(), A.data(), B.data(), n, t, op);
+            void* dst = mode == 1 ? A.data() : mode == 2 ? B.data() : D.data();
+            reduce_streamed(dst, A.data(), B.data(), n, t, op);
+            ++cases;
+            const std::string what = rrtest::message(dtype_name(t), " ", redop_name(op), " n=", n,
+                                                     " offset=", offset, " mode=", mode);
+            if (n > 0) RR_EXPECT(std::memcmp(dst, W.data(), bytes) == 0, what, ": differs");
+            RR_EXPECT(A.guards_intact() && B.guards_intact() && D.guards_intact(), what,
+                      ": wrote outside a buffer");
+          }
+          for (int64_t dv : {int64_t(1), int64_t(3)}) {
+            if (t == DType::Bool && dv != 1) continue;
+            for (int out_is_b = 0; out_is_b < 2; ++out_is_b) {
+              const size_t bytes = n * es;
+              GuardedBuffer A(bytes, offset * es), B(bytes, offset * es), D(bytes, 0),
+                  O(bytes, offset * es), WD(bytes, 0), WO(bytes, 0), B2(bytes, 0);
+              fill_random(t, A.data(), n, g);
+              fill_random(t, B.data(), n, g);
+              if (n > 0) std::memcpy(B2.data(), B.data(), bytes);
+              reduce_and_copy(WD.data(), out_is_b ? B2.data() : WO.data(), A.data(), B2.data(), n,
+                              t, op, dv);
+              void* out = out_is_b ? B.data() : O.data();
+              k.reduce_and_copy_streamed(D.data(), out, A.data(), B.data(), n, t, op, dv);
+              ++cases;
+              const std::string what = rrtest::message(dtype_name(t), " ", redop_name(op), " / ",
+                                                       dv, " n=", n, out_is_b ? " out=b" : "");
+              if (n > 0) {
+                RR_EXPECT(std::memcmp(D.data(), WD.data(), bytes) == 0, what, ": dst differs");
+                RR_EXPECT(std::memcmp(out, WD.data(), bytes) == 0, what, ": out differs");
+              }
+              RR_EXPECT(A.guards_intact() && B.guards_intact() && D.guards_intact() &&
+                            O.guards_intact(), what, ": wrote outside a buffer");
+            }
+          }
+        }
+      }
+    }
+  }
+  RR_EXPECT(cases > 1000, "ran ", cases, " cases");
+  std::vector<float> buf(4096);
+  RR_EXPECT_THROWS(reduce_streamed(buf.data() + 1, buf.data(), buf.data(), 2048, DType::Float32,
+                                   RedOp::Sum),
+                   "overlap");
 }
 
 // Element i is a NaN (a complex one: either part).

@@ -1,0 +1,71 @@
+// How a ring op writes the slots that a peer reads next: with plain stores, or with non-temporal
+// ("streaming") stores that go around the writer's cache.
+//
+// Why it is a choice made at run time. A slot written with plain stores is read out of the
+// writer's cache. Where the two cores share a last-level cache that is the fastest hand-off there
+// is; where they do not (two chiplets, two sockets, or a VM whose virtual CPUs the host moves
+// between them) every line is fetched from the other core's cache across the fabric, and on the
+// development machines that made 64 MiB all-reduces 5x slower (1.5 against 8 GB/s) in some
+// launches and not in others. Streamed, a slot is read from memory, at about the same speed in
+// both placements, but 10-30% slower than a shared cache. Which placement a process has cannot
+// be read from inside a VM, and it can change while the job runs, so each group measures: its
+// large ops try both ways at first and then now and then, and use the faster one
+// (docs/design.md, "Hand-offs between cores", has the measurements).
+//
+// The choice never changes a result (the bytes written are the same either way) nor what ranks
+// send each other, so ranks may choose differently without harm; they usually agree, since they
+// time the same ops.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace ringreduce {
+
+class SlotWrites {
+ public:
+  enum class Mode { Auto, Plain, Stream };
+  // Ops of fewer than `min_bytes` (0: every op) always write plainly: their slots stay in cache
+  // for the reader, and one op is too short to time well.
+  void configure(Mode mode, size_t min_bytes, int rank);
+
+  // Whether the op about to start, of `bytes` in all, streams its slot writes. `timed`: the op
+  // will report its time to done() (the all-reduce, which the choice is made for); the other ops
+  // follow the all-reduce's current choice for their size.
+  bool stream(size_t bytes, bool timed);
+  // The time of a timed op that stream() answered `streamed` for.
+  void done(size_t bytes, bool streamed, double seconds);
+
+  // "auto (plain below 256 KiB)", "always", ...: for the INFO line.
+  std::string describe() const;
+  static Mode parse(const std::string& text, const char* what);
+  static const char* name(Mode m);
+
+ private:
+  // Ops are grouped by size in powers of two from min_bytes; each group keeps the last few
+  // seconds-per-byte of each way and runs its ops the way whose best recent figure is lower.
+  static constexpr int kClasses = 8;
+  static constexpr int kSamples = 4;
+  // The first ops of a group alternate; after that one op in kExploreEvery runs the other way,
+  // so a change of placement is noticed within that many ops.
+  static constexpr uint64_t kWarmup = 4;
+  static constexpr uint64_t kExploreEvery = 32;
+  struct Class {
+    uint64_t ops = 0;
+    std::array<std::array<double, kSamples>, 2> per_byte{};  // [streamed][i]; 0: no sample
+    std::array<uint32_t, 2> next{};
+    bool best_streamed = false;
+  };
+  int class_of(size_t bytes) const;
+  static double best(const std::array<double, kSamples>& s);
+  bool faster_streamed(const Class& c) const;
+
+  Mode mode_ = Mode::Plain;
+  size_t min_bytes_ = 0;
+  int rank_ = -1;
+  std::array<Class, kClasses> classes_{};
+};
+
+}  // namespace ringreduce

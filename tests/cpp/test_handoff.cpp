@@ -1,0 +1,93 @@
+// SlotWrites (ring/handoff.h): which way large ops write what a peer reads next, chosen from the
+// times of the group's own all-reduces. Fed made-up times here, so the choice is exact.
+#include <cstddef>
+#include <functional>
+
+#include "common/error.h"
+#include "ring/handoff.h"
+#include "rrtest.h"
+
+using namespace ringreduce;
+
+namespace {
+
+constexpr size_t kMin = 64 << 10;
+
+// Runs `ops` timed ops of `bytes` through w, each taking `per_byte(streamed)` seconds per byte;
+// returns how many of them streamed.
+int run(SlotWrites& w, size_t bytes, int ops, const std::function<double(bool)>& per_byte) {
+  int streamed = 0;
+  for (int i = 0; i < ops; ++i) {
+    const bool s = w.stream(bytes, true);
+    streamed += s;
+    w.done(bytes, s, per_byte(s) * static_cast<double>(bytes));
+  }
+  return streamed;
+}
+
+}  // namespace
+
+RR_TEST(fixed_modes_and_the_threshold) {
+  SlotWrites w;
+  RR_EXPECT(!w.stream(1 << 30, true), "plain until configured");
+  w.configure(SlotWrites::Mode::Stream, kMin, 0);
+  RR_EXPECT(w.stream(kMin, true) && w.stream(kMin, false), "stream from the threshold on");
+  RR_EXPECT(!w.stream(kMin - 1, true), "plain below the threshold");
+  RR_EXPECT(!w.stream(0, true), "an empty op has nothing to write");
+  w.configure(SlotWrites::Mode::Plain, kMin, 0);
+  RR_EXPECT(!w.stream(1 << 30, true), "plain");
+  RR_EXPECT(SlotWrites::parse("auto", "X") == SlotWrites::Mode::Auto, "parse");
+  RR_EXPECT_THROWS(SlotWrites::parse("fast", "RINGREDUCE_STREAM"),
+                   "RINGREDUCE_STREAM=fast must be auto, plain or stream");
+}
+
+RR_TEST(auto_tries_both_then_keeps_the_faster) {
+  for (bool stream_faster : {false, true}) {
+    SlotWrites w;
+    w.configure(SlotWrites::Mode::Auto, kMin, 0);
+    auto cost = [&](bool s) { return s == stream_faster ? 1e-10 : 5e-10; };
+    // The first four ops alternate, plain first.
+    int k = 0;
+    for (; k < 4; ++k) {
+      const bool s = w.stream(1 << 20, true);
+      RR_EXPECT(s == (k % 2 == 1), "op ", k, " streamed=", s);
+      w.done(1 << 20, s, cost(s) * (1 << 20));
+    }
+    // Then the faster way, but for one op in 32 that checks the other.
+    const int streamed = run(w, 1 << 20, 320, cost);
+    const int want = stream_faster ? 320 - 10 : 10;
+    RR_EXPECT(streamed == want, "stream_faster=", stream_faster, ": ", streamed, " of 320 streamed");
+    // Ops that are not timed follow the choice.
+    RR_EXPECT(w.stream(1 << 20, false) == stream_faster, "untimed ops follow");
+  }
+}
+
+RR_TEST(auto_follows_a_change_of_placement) {
+  SlotWrites w;
+  w.configure(SlotWrites::Mode::Auto, kMin, 0);
+  // Cores that share a cache: plain wins.
+  run(w, 16 << 20, 64, [](bool s) { return s ? 1.3e-10 : 1.0e-10; });
+  RR_EXPECT(!w.stream(16 << 20, false), "plain while it is faster");
+  // The cores are moved apart: plain becomes 5x slower. Within one exploring period (32 ops) the
+  // group switches.
+  run(w, 16 << 20, 40, [](bool s) { return s ? 1.3e-10 : 5.0e-10; });
+  RR_EXPECT(w.stream(16 << 20, false), "streamed once plain has become slower");
+  // And back.
+  run(w, 16 << 20, 40, [](bool s) { return s ? 1.3e-10 : 1.0e-10; });
+  RR_EXPECT(!w.stream(16 << 20, false), "plain again once it is faster again");
+}
+
+RR_TEST(sizes_are_judged_apart) {
+  SlotWrites w;
+  w.configure(SlotWrites::Mode::Auto, kMin, 0);
+  // Small ops stay in cache (plain wins), large ones do not (streamed wins).
+  run(w, 128 << 10, 64, [](bool s) { return s ? 2e-10 : 1e-10; });
+  run(w, 64 << 20, 64, [](bool s) { return s ? 1e-10 : 3e-10; });
+  RR_EXPECT(!w.stream(128 << 10, false), "128 KiB plain");
+  RR_EXPECT(w.stream(64 << 20, false), "64 MiB streamed");
+  // An outlier (a peer that arrived late) does not move a choice: the best recent figure counts.
+  w.done(64 << 20, true, 1.0);
+  RR_EXPECT(w.stream(64 << 20, false), "one slow op changes nothing");
+}
+
+RR_TEST_MAIN()
