@@ -62,6 +62,9 @@ PYBIND11_MODULE(_C, m) {
           "stream", [](const ringreduce::RingBackend& b) {
             return std::string(ringreduce::SlotWrites::name(b.config().stream));
           })
+      .def_property_readonly(
+          "local_ranks", [](const ringreduce::RingBackend& b) { return b.config().local_ranks_seen; },
+          "The ranks on rank 0's machine, which the crowded-core defaults were chosen for")
       .def_property_readonly("stream_bytes",
                              [](const ringreduce::RingBackend& b) { return b.config().stream_bytes; })
       .def_property_readonly("tcp_sockets",

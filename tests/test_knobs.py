@@ -135,3 +135,25 @@ def test_a_bad_value_fails_naming_the_variable(tmp_path, standin, name, value, m
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env=env)
     assert "FAILED:" in out.stdout and message in out.stdout, (out.stdout, out.stderr)
+
+
+def _rank_crowding(ctx):
+    import torch
+    b = ctx.group._get_backend(torch.device("cpu"))
+    return [], {"local": str(b.local_ranks), "spin": str(b.spin_us), "slice": str(b.slice_bytes)}
+
+
+def test_crowded_core_defaults_count_the_ranks_on_rank0s_machine(ranks, standin):
+    """The defaults for ranks that outnumber cores (short spin, long yield, large slices) follow
+    the ranks that share rank 0's machine, not the group's size: 4 ranks cut into 2 fake hosts of
+    2 count as 2 per machine (a core each on 2 cores), 4 ranks on one machine as 4."""
+    if standin:
+        pytest.skip("ringreduce's knobs")
+    if (os.cpu_count() or 0) not in (2, 3):
+        pytest.skip("needs a machine with 2 or 3 CPUs: 4 ranks crowd it, 2 do not")
+    one = ranks(4).run(_rank_crowding, timeout=60)
+    two = ranks(4, env={"RINGREDUCE_FAKE_HOSTS": "2"}).run(_rank_crowding, timeout=60)
+    for _, d in one:
+        assert (d["local"], d["spin"], d["slice"]) == ("4", "2", str(512 << 10)), one
+    for _, d in two:
+        assert (d["local"], d["spin"], d["slice"]) == ("2", "50", str(128 << 10)), two

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <fstream>
 #include <cerrno>
 #include <cstdlib>
 #include <iterator>
@@ -11,6 +12,7 @@
 
 #include "backend/knobs.h"
 #include "common/error.h"
+#include "transport/hosts.h"
 #include "transport/transport.h"
 
 namespace ringreduce {
@@ -192,17 +194,50 @@ Config Config::from_env(int local_ranks) {
   return c;
 }
 
-Config Config::agree(Bootstrap& bs, const std::string& prefix, int rank, int local_ranks) {
+std::string Config::machine_key() {
+  // The kernel's boot id is the same for every process of one machine, in any container, and
+  // differs between machines (and across reboots); the host name stands in where it is hidden.
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  if (f && std::getline(f, id) && !id.empty()) return id;
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  return std::string("host:") + host;
+}
+
+int Config::local_ranks(const std::vector<std::string>& keys, int fake_hosts) {
+  const int size = static_cast<int>(keys.size());
+  std::vector<int> block(static_cast<size_t>(size), 0);
+  if (fake_hosts > 0) {
+    const HostLayout fake = HostLayout::split(size, fake_hosts);
+    for (int r = 0; r < size; ++r) block[r] = fake.host_of(r);
+  }
+  int n = 0;
+  for (int r = 0; r < size; ++r) n += keys[r] == keys[0] && block[r] == block[0];
+  return n;
+}
+
+Config Config::agree(Bootstrap& bs, const std::string& prefix, int rank, int size) {
   // Published as to_string() prints it, and read back through the same setters as the variables.
   const std::string key = prefix + "config";
+  // Rank 0's crowded-core defaults are for the ranks of its own machine, not the whole group: a
+  // group of 2 hosts x 8 ranks on 8-core hosts has a core per rank.
+  bs.set(prefix + "machine/" + std::to_string(rank), machine_key());
   std::string text;
+  int local = 0;
   if (rank == 0) {
-    text = from_env(local_ranks).to_string();
+    std::vector<std::string> keys(static_cast<size_t>(size));
+    for (int r = 0; r < size; ++r) keys[r] = r == 0 ? machine_key() : bs.get(prefix + "machine/" + std::to_string(r));
+    local = local_ranks(keys, from_env(size).fake_hosts);
+    text = from_env(local).to_string();
+    bs.set(prefix + "machine/local", std::to_string(local));
     bs.set(key, text);
   } else {
     text = bs.get(key);
+    local = std::atoi(bs.get(prefix + "machine/local").c_str());
   }
   Config c;
+  c.local_ranks_seen = local;
   std::istringstream in(text);
   std::string item;
   constexpr size_t n = std::size(kConfigKnobs);

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "algo/select.h"
 #include "ring/handoff.h"
@@ -79,10 +80,21 @@ struct Config {
   static size_t default_slice_bytes(int local_ranks);
 
   // Every rank must slice the same way, so rank 0's values win: rank 0 reads its environment
-  // (from_env) and publishes the result through the store under `prefix`, and the others adopt
-  // it. Only rank 0 parses the variables, so a bad value fails there, naming the variable, and
-  // the others fail with the store's timeout rather than on values they would not use.
-  static Config agree(Bootstrap& bs, const std::string& prefix, int rank, int local_ranks);
+  // (from_env, with the defaults for the ranks on its host) and publishes the result through the
+  // store under `prefix`, and the others adopt it. Only rank 0 parses the variables, so a bad
+  // value fails there, naming the variable, and the others fail with the store's timeout rather
+  // than on values they would not use. Collective over the group's `size` ranks: each says which
+  // machine it runs on (local_ranks()).
+  static Config agree(Bootstrap& bs, const std::string& prefix, int rank, int size);
+
+  // How many of the group's ranks share rank 0's machine, as agree() counts them: ranks whose
+  // kernel has the same boot id (the same machine, whatever container each is in), and with
+  // RINGREDUCE_FAKE_HOSTS those of rank 0's fake host only. `keys[r]`: rank r's machine.
+  static int local_ranks(const std::vector<std::string>& keys, int fake_hosts);
+  // This machine's key for local_ranks().
+  static std::string machine_key();
+  // The ranks on rank 0's machine that agree() counted, its defaults were chosen for (0 before).
+  int local_ranks_seen = 0;
 
   // "slice_bytes=131072 slots=4 ...": every knob of RINGREDUCE_CONFIG_KNOBS, its variable's name
   // without RINGREDUCE_ in lower case, with its value. The INFO line ends with it, and agree()

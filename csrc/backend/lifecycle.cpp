@@ -151,7 +151,8 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                              shm.empty() ? "none" : shm, "; over tcp: ", tcp.empty() ? "none" : tcp,
                              tcp.empty() ? "" : detail::cat(" (listening on ", links_->tcp_address(), ")"),
                              "; ", links_->hosts().describe(), "; algorithms: ", selector.describe(), "; slot writes: ",
-                             ring_->slot_writes().describe(), "; ", config_.to_string()));
+                             ring_->slot_writes().describe(), "; defaults for ", config_.local_ranks_seen,
+                             " ranks on rank 0's machine; ", config_.to_string()));
     }
   } catch (const c10::Error& e) {
     bs.fail(detail::cat("rank ", rank, " failed: ", e.what_without_backtrace()));
