@@ -13,6 +13,8 @@
 #include <vector>
 
 #include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -499,6 +501,34 @@ RR_TEST(a_group_set_up_again_on_the_same_store_uses_fresh_keys) {
     for (auto& t : threads) t.join();
     for (int r = 0; r < 3; ++r) RR_EXPECT(errors[r].empty(), "round ", round, " rank ", r, ": ", errors[r]);
   }
+}
+
+// Two ranks that the scheduler put on one CPU: a rank that spun for its peer would hold the CPU
+// the peer needs for a whole time slice at every hand-off. The waits see the peer's CPU is their
+// own and yield it instead of spinning (however long the spin is set to).
+RR_TEST(a_peer_on_the_same_cpu_is_yielded_to_not_spun_for) {
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(sched_getcpu(), &one);
+  ShmConfig cfg = config(4096, 2);
+  cfg.spin = std::chrono::seconds(1);
+  std::vector<uint64_t> yields(2, 0);
+  auto res = run_group(2, cfg, [&](int r, Ring& ring, ShmTransport& t) {
+    RR_REQUIRE(pthread_setaffinity_np(pthread_self(), sizeof one, &one) == 0, "cannot pin rank ", r);
+    std::vector<int32_t> buf(1000);
+    for (uint64_t k = 0; k < 50; ++k) {
+      for (size_t i = 0; i < buf.size(); ++i) buf[i] = input_of(r, i, static_cast<uint32_t>(k));
+      ring.allreduce(buf.data(), buf.data(), buf.size(), DType::Int32, RedOp::Sum, 1, ctx(k),
+                     Deadline::after(milliseconds(20000)));
+      for (size_t i = 0; i < buf.size(); ++i) {
+        RR_REQUIRE(buf[i] == input_of(0, i, static_cast<uint32_t>(k)) + input_of(1, i, static_cast<uint32_t>(k)),
+                   "op ", k, " element ", i);
+      }
+    }
+    yields[r] = t.yields_to_peer();
+  });
+  expect_all_ok(res, "two ranks on one CPU");
+  RR_EXPECT(yields[0] + yields[1] > 0, "no rank yielded to a peer on its own CPU");
 }
 
 RR_TEST(one_slot_per_link_is_rejected_because_the_ring_would_deadlock) {

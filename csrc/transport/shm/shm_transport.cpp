@@ -144,6 +144,9 @@ struct ShmTransport::Segment {
   // entered the transport in (seq + 1, 0 before the first) and the peer it sleeps on (-1: none).
   alignas(64) std::atomic<uint64_t> op_seq;
   std::atomic<int32_t> blocked_on;
+  // The CPU the owner ran on when it last entered an op or spun in a wait: a peer that finds it
+  // equal to its own does not spin for the owner, which cannot run while it does (wait_until).
+  std::atomic<int32_t> cpu;
   alignas(64) std::atomic<uint32_t> aborted;      // 1 once `reason` is complete
   std::atomic<uint32_t> abort_claimed;            // first writer of `reason` wins
   char reason[kReasonBytes];
@@ -240,6 +243,7 @@ ShmTransport::ShmTransport(Bootstrap& bs, const std::string& prefix, int rank, i
     seg->pid_ns = pid_namespace();
     seg->locked = locked ? 1 : 0;
     seg->blocked_on.store(-1);
+    seg->cpu.store(-1);
     bs.set(prefix + "shm/name/" + std::to_string(rank), own_name_);
 
     // The probe: opening the peer's segment only works if it is on this host (and in the same
@@ -385,8 +389,25 @@ void ShmTransport::wait_until(WaitWord& word, Ready ready, int peer, const char*
   auto is_aborted = [own] { return own->aborted.load(std::memory_order_acquire) != 0; };
   if (is_aborted()) throw_aborted(op);
 
-  // Spin first: when the peer is running, the hand-off is a cache-line transfer away.
-  if (spin_until(now_ready, cfg_.spin)) return;
+  // Spin first: when the peer is running, the hand-off is a cache-line transfer away. Unless
+  // the scheduler has put the peer on this rank's own CPU (ranks move between CPUs, and a third
+  // process that keeps one busy crowds both ranks onto the other): then the peer cannot run while
+  // this rank spins, and every spin would cost a whole time slice, so yield it the CPU instead.
+  const Segment* ps = segment(peer);
+  unsigned polls = 0;
+  auto ready_or_yield = [&] {
+    if (now_ready()) return true;
+    if ((++polls & 63) == 0) {
+      const int cpu = sched_getcpu();
+      own->cpu.store(cpu, std::memory_order_relaxed);
+      if (cpu == ps->cpu.load(std::memory_order_relaxed)) {
+        ++yields_to_peer_;
+        sched_yield();
+      }
+    }
+    return false;
+  };
+  if (spin_until(ready_or_yield, cfg_.spin)) return;
 
   // From here on we yield or sleep: say on whom, so a peer that times out can follow the chain.
   own->blocked_on.store(peer, std::memory_order_relaxed);
@@ -458,9 +479,15 @@ std::string ShmTransport::peer_lost(int peer) const {
   return peer_gone(peer) ? detail::cat("its process (pid ", pid, ") has died") : "";
 }
 
+void ShmTransport::enter(const OpContext& op) {
+  Segment* own = segment(rank_);
+  own->op_seq.store(op.seq + 1, std::memory_order_relaxed);
+  own->cpu.store(sched_getcpu(), std::memory_order_relaxed);
+}
+
 void* ShmTransport::send_begin(int peer, const OpContext& op, const Deadline& dl) {
   check_peer(peer, "send");
-  segment(rank_)->op_seq.store(op.seq + 1, std::memory_order_relaxed);
+  enter(op);
   Fifo* f = fifo(peer, rank_);
   const uint32_t seq = static_cast<uint32_t>(sent_[peer]);
   const uint32_t nslots = cfg_.nslots;
@@ -483,7 +510,7 @@ void ShmTransport::send_end(int peer, const MsgHeader& hdr) {
 const void* ShmTransport::recv_begin(int peer, MsgHeader* hdr, const OpContext& op,
                                      const Deadline& dl) {
   check_peer(peer, "receive");
-  segment(rank_)->op_seq.store(op.seq + 1, std::memory_order_relaxed);
+  enter(op);
   Fifo* f = fifo(rank_, peer);
   const uint32_t want = static_cast<uint32_t>(received_[peer]);
   wait_until(f->head, [want](uint32_t head) { return head - want - 1 < 0x80000000u; }, peer,
@@ -543,7 +570,7 @@ uint8_t* ShmTransport::window_buffer(int owner, uint64_t op_index) const {
 
 uint8_t* ShmTransport::begin(const MsgHeader& fp, const OpContext& op) {
   Segment* own = segment(rank_);
-  own->op_seq.store(op.seq + 1, std::memory_order_relaxed);
+  enter(op);
   ++window_ops_;
   window_fp_ = fp;
   // Safe to write before publishing: a peer reads this header only after it has seen this op's

@@ -90,6 +90,9 @@ class ShmTransport final : public Transport, private PeerWindow {
   uint64_t sent(int peer) const { return sent_[peer]; }
   uint64_t received(int peer) const { return received_[peer]; }
   uint32_t nslots() const { return cfg_.nslots; }
+  // Spins this rank cut short because the peer it waited for had last run on this rank's own
+  // CPU (wait_until): for tests and diagnosis.
+  uint64_t yields_to_peer() const { return yields_to_peer_; }
 
   // Whether messages to and from `peer` go through shared memory.
   bool is_local(int peer) const {
@@ -118,6 +121,8 @@ class ShmTransport final : public Transport, private PeerWindow {
   void wait_until(WaitWord& word, Ready ready, int peer, const char* waiting_for,
                   const OpContext& op, const Deadline& dl, Check check);
   [[noreturn]] void throw_aborted(const OpContext& op) const;
+  // Records that this rank is in `op` now, and on which CPU.
+  void enter(const OpContext& op);
   void check_peer(int peer, const char* what) const;
   void ring(int owner);
   void unmap_all();
@@ -155,6 +160,7 @@ class ShmTransport final : public Transport, private PeerWindow {
   uint64_t window_ops_ = 0;    // window ops begun here: the current one's buffer is this modulo 2
   uint32_t window_stamp_ = 0;  // phases this rank has published (the same count on every rank)
   MsgHeader window_fp_;        // the current window op's fingerprint
+  uint64_t yields_to_peer_ = 0;
 };
 
 }  // namespace ringreduce
