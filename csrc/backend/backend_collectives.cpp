@@ -67,6 +67,12 @@ void copy_back(const std::vector<at::Tensor>& bufs, const std::vector<at::Tensor
   }
 }
 
+size_t op_bytes(const std::vector<at::Tensor>& outputs) {
+  size_t n = 0;
+  for (const at::Tensor& t : outputs) n += t.nbytes();
+  return n;
+}
+
 std::vector<void*> pointers(const std::vector<at::Tensor>& ts) {
   std::vector<void*> p;
   for (const at::Tensor& t : ts) p.push_back(t.data_ptr());
@@ -161,11 +167,17 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const cha
   // Claiming or queueing under mu_ keeps queue order equal to sequence order; the op itself
   // runs without mu_, so other threads can issue ops (they queue behind it) meanwhile.
   // (Not for CUDA ops: the caller's thread only queues them, and its stream waits for them.)
-  if (!async_op && !on_cuda && queue_.try_claim()) {
+  // An async op that is small (RINGREDUCE_INLINE_ASYNC_BYTES) runs here too when nothing is ahead
+  // of it: handing it to the progress thread and back costs two context switches, more than the
+  // op, and there is little to overlap it with. It returns completed, which async_op allows.
+  const bool inline_ok =
+      !on_cuda && (!async_op || op_bytes(work->result()) <= config_.inline_async_bytes);
+  if (inline_ok && queue_.try_claim()) {
     lock.unlock();
     queue_.run_claimed(work, task);
     return work;
   }
+  if (!on_cuda) work->run_on_wait();
   try {
     queue_.push(work, std::move(task));
   } catch (...) {

@@ -1,5 +1,6 @@
 #include "backend/work.h"
 
+#include <ATen/core/grad_mode.h>
 #include <ATen/core/jit_type.h>
 #include <c10/util/Exception.h>
 
@@ -25,6 +26,14 @@ bool RingWork::wait(std::chrono::milliseconds timeout) {
   if (std::this_thread::get_id() == progress_thread_) {
     // A future callback waiting for an op of its group: run the queue here rather than wait for
     // the thread we are on.
+    run_queued_here_until(*queue_, *this);
+  } else if (run_on_wait_ && timeout == kNoTimeout && !isCompleted()) {
+    // An async op waited for before the progress thread took it (the functional collectives,
+    // `work = all_reduce(..., async_op=True); work.wait()`): this thread runs it, after what was
+    // queued before it, as a synchronous op runs. The thread hand-off would cost more than a
+    // small op itself. With a timeout the op is left to the progress thread, so that the wait can
+    // end at it.
+    at::NoGradGuard no_grad;  // as on the progress thread
     run_queued_here_until(*queue_, *this);
   }
   std::unique_lock<std::mutex> lock(mutex_);

@@ -39,6 +39,10 @@ class RingWork final : public c10d::Work {
   // Called once, by the progress thread. `error` is null on success.
   void complete(std::exception_ptr error);
 
+  // A queued host op: a wait() that finds it not started yet runs it (and the ops queued before
+  // it) on the waiting thread instead of waking the progress thread for it.
+  void run_on_wait() { run_on_wait_ = true; }
+
   const char* op_name() const { return op_name_; }
   uint64_t seq() const { return seq_; }
 
@@ -49,6 +53,7 @@ class RingWork final : public c10d::Work {
   std::vector<at::Tensor> outputs_;
   std::shared_ptr<QueueState> queue_;
   std::thread::id progress_thread_;
+  bool run_on_wait_ = false;
   std::atomic<int> source_rank_{-1};
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
