@@ -11,10 +11,12 @@ Importing this package registers the backend (it is idempotent). The compiled ex
 from ringreduce._registration import BACKEND_NAME, is_available, load_extension, register
 from ringreduce.barrier import monitored_barrier
 from ringreduce.ddp import DistributedDataParallel, GradBucket
+from ringreduce.direct import all_gather_into_tensor_, all_reduce_
 from ringreduce.flight import dump as dump_flight_recorder
 
-__all__ = ["BACKEND_NAME", "DistributedDataParallel", "GradBucket", "dump_flight_recorder",
-           "is_available", "load_extension", "monitored_barrier", "register", "__version__"]
+__all__ = ["BACKEND_NAME", "DistributedDataParallel", "GradBucket", "all_gather_into_tensor_",
+           "all_reduce_", "dump_flight_recorder", "is_available", "load_extension",
+           "monitored_barrier", "register", "__version__"]
 __version__ = "0.1.0"
 
 register()
