@@ -1,0 +1,770 @@
+"""Tensor-parallel decode, end to end: a Llama-shaped decoder split over the ranks of one host,
+greedy decoding with torch's own tensor parallelism and with a hand-split Megatron-style model,
+its all-reduces on ringreduce, on gloo and on DeepSpeed's shared-memory all-reduce, in one run.
+
+    python benchmarks/tp_decode.py                       # 2 ranks, hidden 1024, 8 layers, prompt 128, 64 tokens
+    python benchmarks/tp_decode.py --setups dtensor-gloo,dtensor-rr,split-direct,split-none
+    python benchmarks/tp_decode.py --hidden 64 --layers 2 --heads 4 --mlp 128 --vocab 256 --prompt 8 --tokens 4
+
+The model is built on every rank from the same seed (random weights, no download): token embedding,
+--layers pre-norm blocks (RMSNorm; attention with rotary embeddings and a preallocated KV cache;
+a SwiGLU MLP, gate/up/down), a final RMSNorm and an LM head. Every rank builds the whole model and
+then keeps its shards: q/k/v, gate and up split by output (column-parallel), o and down by input
+(row-parallel), so each block needs two all-reduces per token, after attention-out and after
+MLP-down; the embedding and the LM head stay whole on every rank. Batch 1: one prefill of the
+--prompt tokens (which gives the first new token), then --tokens - 1 decode steps of one token each,
+each next token the argmax of the last logits (greedy).
+
+The setups (--setups takes a comma list of these keys; default all):
+
+  dtensor-gloo           torch.distributed.tensor.parallel.parallelize_module (ColwiseParallel for
+                         q/k/v, gate, up; RowwiseParallel for o, down) on a DeviceMesh over a gloo
+                         group, eager. Its tokens are the reference the others are compared with.
+  dtensor-rr             the same on the ringreduce group
+  dtensor-gloo-compiled  dtensor-gloo under torch.compile (--compile-backend, default aot_eager)
+  dtensor-rr-compiled    dtensor-rr under torch.compile
+  split-gloo             the hand-split model, each all-reduce dist.all_reduce on the gloo group
+  split-rr               the same, dist.all_reduce on the ringreduce group
+  split-direct           the same, ringreduce's direct op ringreduce.all_reduce_(t, op="sum")
+  split-deepspeed        the same, deepspeed.comm.inference_all_reduce(t) (DS_ACCELERATOR=cpu, in the
+                         python of .venv-peers, in a launch of its own; that launch also times
+                         split-none, so that the two launches' machines can be compared)
+  split-none             the same with no communication: the all-reduce replaced by nothing, the
+                         floor that compute alone sets (its tokens differ, as they must)
+
+How it is measured:
+- Every setup but DeepSpeed's runs in the same two processes, one launch; every setup is warmed up
+  (a prefill and two decode steps: that is when torch.compile compiles), then --rounds rounds, the
+  order rotated each round, each round a whole generation per setup, with a barrier (on a gloo group
+  of its own) before each.
+- time per token = the median over every decode step of every round, on each rank; the slowest
+  rank's median is reported. tokens/s = 1000 / that (batch 1). prefill = the same for the prefill
+  (one per round). warm-up = the first generation's time, compilation included.
+- tokens: the generated ids of the last round, compared with dtensor-gloo's; ranks are checked to
+  agree with one another (a split model's ranks compute the same logits).
+- One intra-op thread per rank (--threads), since the development machine gives each of two ranks
+  one core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import shlex
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+SCRIPT = os.path.abspath(__file__)
+DEFAULT_PEERS_PYTHON = os.path.join(REPO, ".venv-peers", "bin", "python")
+WARMUP_TOKENS = 3  # a prefill and two decode steps: enough for torch.compile to compile both graphs
+SEED = 1234
+
+# benchmarks/ is no package: peers.py's launch helpers and DeepSpeed check, shared rather than copied.
+sys.path.insert(0, HERE)
+import peers  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Setup:
+    key: str
+    label: str
+    form: str  # "dtensor" or "split"
+    comm: str  # "gloo", "ringreduce", "direct", "deepspeed" or "none"
+    compiled: bool = False
+
+
+SETUPS = [
+    Setup("dtensor-gloo", "DTensor, gloo, eager", "dtensor", "gloo"),
+    Setup("dtensor-rr", "DTensor, ringreduce, eager", "dtensor", "ringreduce"),
+    Setup("dtensor-gloo-compiled", "DTensor, gloo, compiled", "dtensor", "gloo", compiled=True),
+    Setup("dtensor-rr-compiled", "DTensor, ringreduce, compiled", "dtensor", "ringreduce", compiled=True),
+    Setup("split-gloo", "hand-split, dist.all_reduce on gloo", "split", "gloo"),
+    Setup("split-rr", "hand-split, dist.all_reduce on ringreduce", "split", "ringreduce"),
+    Setup("split-direct", "hand-split, ringreduce.all_reduce_ (direct op)", "split", "direct"),
+    Setup("split-deepspeed", "hand-split, DeepSpeed inference_all_reduce", "split", "deepspeed"),
+    Setup("split-none", "hand-split, no communication (floor)", "split", "none"),
+]
+BY_KEY = {s.key: s for s in SETUPS}
+REFERENCE = "dtensor-gloo"
+# The floor timed again inside DeepSpeed's launch, to show how that launch's machine compared.
+DS_FLOOR = "split-none@ds"
+
+
+# ---------------------------------------------------------------------------------------------------
+# The model
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rotate(x, cos, sin):
+    """Rotary embedding, the rotate-half form: x is (batch, heads, tokens, head_dim)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class Attention(nn.Module):
+    """Multi-head attention with a KV cache preallocated for the whole generation.
+
+    The projections are built at `proj_heads` heads (all of them for a model that DTensor will shard,
+    this rank's share for a hand-split one); the number of heads a forward works on is read from the
+    projection's output, so the same code runs whole, DTensor-sharded and hand-split. The cache holds
+    `cache_heads` heads (this rank's). Positions and the mask are tensors and the cache is written
+    with index_copy_, so every decode step has the same shapes: torch.compile compiles one graph for
+    the prefill and one for every decode step.
+    """
+
+    def __init__(self, hidden: int, proj_heads: int, cache_heads: int, head_dim: int, max_len: int):
+        super().__init__()
+        self.head_dim = head_dim
+        width = proj_heads * head_dim
+        self.q_proj = nn.Linear(hidden, width, bias=False)
+        self.k_proj = nn.Linear(hidden, width, bias=False)
+        self.v_proj = nn.Linear(hidden, width, bias=False)
+        self.o_proj = nn.Linear(width, hidden, bias=False)
+        # Owned by this module, written in place at each step's positions; stale entries beyond the
+        # current position are masked out, so a new generation need not clear them.
+        self.register_buffer("k_cache", torch.zeros(1, cache_heads, max_len, head_dim), persistent=False)
+        self.register_buffer("v_cache", torch.zeros(1, cache_heads, max_len, head_dim), persistent=False)
+        self.reduce = None  # the hand-split model's all-reduce (in place); DTensor's o_proj does its own
+
+    def forward(self, x, positions, cos, sin, mask):
+        b, t, _ = x.shape
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        heads = q.shape[-1] // self.head_dim
+        q, k, v = (y.view(b, t, heads, self.head_dim).transpose(1, 2) for y in (q, k, v))
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        self.k_cache.index_copy_(2, positions, k)
+        self.v_cache.index_copy_(2, positions, v)
+        out = F.scaled_dot_product_attention(q, self.k_cache, self.v_cache, attn_mask=mask)
+        out = self.o_proj(out.transpose(1, 2).reshape(b, t, heads * self.head_dim))
+        if self.reduce is not None:
+            self.reduce(out)
+        return out
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, mlp: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, mlp, bias=False)
+        self.up_proj = nn.Linear(hidden, mlp, bias=False)
+        self.down_proj = nn.Linear(mlp, hidden, bias=False)
+        self.reduce = None
+
+    def forward(self, x):
+        out = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.reduce is not None:
+            self.reduce(out)
+        return out
+
+
+class Block(nn.Module):
+    def __init__(self, hidden, proj_heads, cache_heads, head_dim, mlp, max_len):
+        super().__init__()
+        self.attn_norm = RMSNorm(hidden)
+        self.attn = Attention(hidden, proj_heads, cache_heads, head_dim, max_len)
+        self.mlp_norm = RMSNorm(hidden)
+        self.mlp = MLP(hidden, mlp)
+
+    def forward(self, x, positions, cos, sin, mask):
+        x = x + self.attn(self.attn_norm(x), positions, cos, sin, mask)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Decoder(nn.Module):
+    def __init__(self, cfg, proj_heads: int, cache_heads: int, mlp: int):
+        super().__init__()
+        head_dim = cfg.hidden // cfg.heads
+        max_len = cfg.prompt + cfg.tokens
+        self.embed = nn.Embedding(cfg.vocab, cfg.hidden)
+        self.blocks = nn.ModuleList(Block(cfg.hidden, proj_heads, cache_heads, head_dim, mlp, max_len)
+                                    for _ in range(cfg.layers))
+        self.norm = RMSNorm(cfg.hidden)
+        self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+        self.register_buffer("cos", torch.empty(max_len, head_dim), persistent=False)
+        self.register_buffer("sin", torch.empty(max_len, head_dim), persistent=False)
+        self.register_buffer("arange", torch.empty(max_len, dtype=torch.long), persistent=False)
+
+    @classmethod
+    def empty(cls, cfg, proj_heads: int, cache_heads: int, mlp: int) -> Decoder:
+        """A model whose weights are to be loaded: built on the meta device (no random init of
+        weights that are overwritten at once), then given memory and its buffers."""
+        with torch.device("meta"):
+            model = cls(cfg, proj_heads, cache_heads, mlp)
+        model.to_empty(device="cpu")
+        max_len, head_dim = model.cos.shape
+        inv_freq = 1.0 / (10000.0 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)
+        angles = torch.cat((angles, angles), dim=-1)
+        model.cos.copy_(angles.cos())
+        model.sin.copy_(angles.sin())
+        model.arange.copy_(torch.arange(max_len))
+        for block in model.blocks:
+            block.attn.k_cache.zero_()
+            block.attn.v_cache.zero_()
+        return model
+
+    def set_reduce(self, fn) -> None:
+        for block in self.blocks:
+            block.attn.reduce = block.mlp.reduce = fn
+
+    def forward(self, tokens, start):
+        """The logits of the last position of `tokens` (1, t), whose first is at position `start`
+        (a 0-dim tensor, so that a new position is not a new graph under torch.compile)."""
+        positions = start + self.arange[: tokens.shape[1]]
+        cos, sin = self.cos[positions], self.sin[positions]
+        mask = self.arange[None, :] <= positions[:, None]  # (t, max_len): causal, and nothing unwritten
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x, positions, cos, sin, mask)
+        return self.lm_head(self.norm(x[:, -1:]))
+
+
+def full_weights(cfg) -> dict:
+    """The whole model's weights, the same on every rank (one generator, one seed)."""
+    g = torch.Generator().manual_seed(SEED)
+    h, m = cfg.hidden, cfg.mlp
+
+    def linear(out_features, in_features):
+        return torch.randn(out_features, in_features, generator=g) / in_features ** 0.5
+
+    sd = {"embed.weight": torch.randn(cfg.vocab, h, generator=g)}
+    for i in range(cfg.layers):
+        p = f"blocks.{i}."
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            sd[p + f"attn.{name}.weight"] = linear(h, h)
+        sd[p + "mlp.gate_proj.weight"] = linear(m, h)
+        sd[p + "mlp.up_proj.weight"] = linear(m, h)
+        sd[p + "mlp.down_proj.weight"] = linear(h, m)
+        sd[p + "attn_norm.weight"] = 1 + 0.1 * torch.randn(h, generator=g)
+        sd[p + "mlp_norm.weight"] = 1 + 0.1 * torch.randn(h, generator=g)
+    sd["norm.weight"] = 1 + 0.1 * torch.randn(h, generator=g)
+    sd["lm_head.weight"] = linear(cfg.vocab, h)
+    return sd
+
+
+COLUMN = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
+ROW = ("attn.o_proj", "mlp.down_proj")
+
+
+def build(cfg, sd: dict, form: str, rank: int, world: int, shared: dict) -> Decoder:
+    """A model on this rank: the whole model (form "dtensor", for parallelize_module to shard) or
+    this rank's column and row shards (form "split"). The embedding and LM head are the tensors of
+    `shared`, one copy for every setup."""
+    local_heads = cfg.heads // world
+    if form == "dtensor":
+        model = Decoder.empty(cfg, cfg.heads, local_heads, cfg.mlp)
+        mine = {k: v for k, v in sd.items() if k not in shared}
+    else:
+        model = Decoder.empty(cfg, local_heads, local_heads, cfg.mlp // world)
+        mine = {}
+        for k, v in sd.items():
+            if k in shared:
+                continue
+            if any(f".{name}." in k for name in COLUMN):
+                v = v.chunk(world, dim=0)[rank]
+            elif any(f".{name}." in k for name in ROW):
+                v = v.chunk(world, dim=1)[rank]
+            mine[k] = v
+    missing, unexpected = model.load_state_dict(mine, strict=False)
+    assert not unexpected and sorted(missing) == sorted(shared), (missing, unexpected)
+    model.embed.weight = shared["embed.weight"]
+    model.lm_head.weight = shared["lm_head.weight"]
+    return model.eval()
+
+
+def parallelize(model: Decoder, group):
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = DeviceMesh.from_group(group, "cpu")
+    plan = {f"blocks.*.{name}": ColwiseParallel() for name in COLUMN}
+    plan.update({f"blocks.*.{name}": RowwiseParallel() for name in ROW})
+    # Every rank holds the same whole weights: each keeps its own shard, nothing is sent.
+    parallelize_module(model, mesh, plan, src_data_rank=None)
+    return model
+
+
+def generate(model, prompt, tokens: int):
+    """Greedy decoding: (prefill seconds, decode step seconds, generated ids)."""
+    start = time.perf_counter()
+    tok = model(prompt, torch.tensor(0)).argmax(-1)  # (1, 1)
+    prefill = time.perf_counter() - start
+    out, steps = [tok], []
+    for i in range(tokens - 1):
+        start = time.perf_counter()
+        tok = model(tok, torch.tensor(prompt.shape[1] + i)).argmax(-1)
+        steps.append(time.perf_counter() - start)
+        out.append(tok)
+    return prefill, steps, torch.cat(out, dim=1)[0].tolist()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Inside the ranks
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    line = text[0] if text else ""
+    line = f"{type(e).__name__}: {line}" if line else type(e).__name__
+    return line if len(line) <= 200 else line[:197] + "..."
+
+
+def _main_setups(cfg, rank, world):
+    """{key: (model, reason it cannot run or None)} for the setups of the main launch."""
+    import torch.distributed as dist
+
+    import ringreduce
+
+    rr = dist.group.WORLD
+    gloo = dist.new_group(backend="gloo")
+    sd = full_weights(cfg)
+    shared = {k: nn.Parameter(sd[k], requires_grad=False) for k in ("embed.weight", "lm_head.weight")}
+    wanted = set(cfg.setups)
+    models: dict = {}
+    dtensor: dict = {}
+    for comm, group in (("gloo", gloo), ("ringreduce", rr)):
+        keys = [s.key for s in SETUPS if s.form == "dtensor" and s.comm == comm and s.key in wanted]
+        if keys:
+            try:
+                dtensor[comm] = (parallelize(build(cfg, sd, "dtensor", rank, world, shared), group), None)
+            except Exception as e:  # noqa: BLE001  (a row that says why, not a crashed run)
+                dtensor[comm] = (None, f"parallelize_module failed: {_first_line(e)}")
+    split_keys = [s.key for s in SETUPS if s.form == "split" and s.key in wanted]
+    split = build(cfg, sd, "split", rank, world, shared) if split_keys else None
+    del sd
+
+    for s in SETUPS:
+        if s.key not in wanted or s.comm == "deepspeed":
+            continue
+        if s.form == "dtensor":
+            model, reason = dtensor[s.comm]
+            if model is not None and s.compiled:
+                try:
+                    model = torch.compile(model, backend=cfg.compile_backend, dynamic=False)
+                except Exception as e:  # noqa: BLE001  (an unknown backend fails here, not at the call)
+                    model, reason = None, f"compile failed: {_first_line(e)}"
+            models[s.key] = (model, reason)
+        elif s.comm == "direct":
+            if hasattr(ringreduce, "all_reduce_"):
+                models[s.key] = (split, lambda t: ringreduce.all_reduce_(t, op="sum", group=None))
+            else:
+                models[s.key] = (None, "not available in this build")
+        else:
+            fn = {"gloo": lambda t: dist.all_reduce(t, group=gloo),
+                  "ringreduce": lambda t: dist.all_reduce(t, group=rr),
+                  "none": None}[s.comm]
+            models[s.key] = (split, fn)
+    return models, [gloo]
+
+
+def _run_setups(cfg, rank, world, control, models: dict) -> dict:
+    """Warm up and time every runnable setup; return {key: this rank's record}.
+
+    models[key] is (model, reduce) for a hand-split setup, whose all-reduce is set before each of its
+    generations, and (model, reason) for a DTensor one, where a string says why it cannot run."""
+    import torch.distributed as dist
+
+    g = torch.Generator().manual_seed(SEED + 1)
+    prompt = torch.randint(0, cfg.vocab, (1, cfg.prompt), generator=g)
+    records: dict = {}
+    split_form = {k for k in models if BY_KEY[k.split("@")[0]].form == "split"}
+
+    def run(key, tokens):
+        model, extra = models[key]
+        if key in split_form:
+            model.set_reduce(extra)
+        # no_grad, not inference_mode: DTensor's eager path runs about 3x slower under inference_mode
+        # (torch 2.13, measured at the toy size), which would be a cost of this script, not of TP.
+        with torch.no_grad():
+            return generate(model, prompt, tokens)
+
+    runnable = []
+    for key, (model, extra) in models.items():
+        problem = extra if model is None else None
+        start = time.perf_counter()
+        if problem is None:
+            dist.barrier(group=control)
+            try:
+                run(key, min(WARMUP_TOKENS, cfg.tokens))
+            except Exception as e:  # noqa: BLE001
+                problem = (f"{'compile' if BY_KEY[key.split('@')[0]].compiled else 'warm-up'} failed: "
+                           f"{_first_line(e)}")
+        warm = time.perf_counter() - start
+        # Every rank must agree on what runs: one that failed would leave its peer waiting.
+        problems: list = [None] * world
+        dist.all_gather_object(problems, problem, group=control)
+        reason = next((p for p in problems if p), None)
+        records[key] = {"warmup_s": warm, "error": reason, "steps": [], "prefill": [], "tokens": None}
+        if reason is None:
+            runnable.append(key)
+    for r in range(cfg.rounds):
+        order = runnable[r % len(runnable):] + runnable[: r % len(runnable)] if runnable else []
+        for key in order:
+            dist.barrier(group=control)
+            prefill, steps, tokens = run(key, cfg.tokens)
+            rec = records[key]
+            rec["prefill"].append(prefill)
+            rec["steps"] += steps
+            rec["tokens"] = tokens
+    return records
+
+
+def _gather(records: dict, world: int, control) -> dict:
+    """Rank 0's view of every setup: the slowest rank's medians, its tokens, whether ranks agree."""
+    import torch.distributed as dist
+
+    mine = {k: {"ms_per_token": statistics.median(r["steps"]) * 1e3 if r["steps"] else None,
+                "prefill_ms": statistics.median(r["prefill"]) * 1e3 if r["prefill"] else None,
+                "warmup_s": r["warmup_s"], "tokens": r["tokens"], "error": r["error"]}
+            for k, r in records.items()}
+    every: list = [None] * world
+    dist.all_gather_object(every, mine, group=control)
+    out = {}
+    for key, rec in mine.items():
+        ranks = [e[key] for e in every]
+        row = dict(rec)
+        if rec["error"] is None:
+            row["ms_per_token"] = max(x["ms_per_token"] for x in ranks)
+            row["prefill_ms"] = max(x["prefill_ms"] for x in ranks)
+            row["warmup_s"] = max(x["warmup_s"] for x in ranks)
+            row["ranks_agree"] = all(x["tokens"] == rec["tokens"] for x in ranks)
+            row["per_rank_ms_per_token"] = [x["ms_per_token"] for x in ranks]
+        out[key] = row
+    return out
+
+
+def worker_main(argv: list[str]) -> None:
+    """`tp_decode.py worker main|deepspeed --config JSON --out PATH`: one rank; rank 0 writes the
+    launch's records to --out. The main launch rendezvouses through a FileStore (--store), the
+    DeepSpeed one through MASTER_ADDR/MASTER_PORT as DeepSpeed's launcher sets them."""
+    p = argparse.ArgumentParser(prog="tp_decode.py worker")
+    p.add_argument("launch", choices=("main", "deepspeed"))
+    p.add_argument("--config", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--store")
+    args = p.parse_args(argv)
+    cfg = argparse.Namespace(**json.loads(args.config))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.set_num_threads(cfg.threads)
+    import torch.distributed as dist
+
+    info: dict = {}
+    groups: list = []  # held until the process leaves
+    if args.launch == "main":
+        import ringreduce  # noqa: F401  (registers the backend)
+
+        for name in ("recompile_limit", "cache_size_limit"):  # two compiled models share one forward
+            if hasattr(torch._dynamo.config, name):
+                setattr(torch._dynamo.config, name, 64)
+        dist.init_process_group("ringreduce", store=dist.FileStore(args.store, world), rank=rank,
+                                world_size=world)
+        control = dist.new_group(backend="gloo")
+        models, groups = _main_setups(cfg, rank, world)
+        info["direct_op"] = hasattr(ringreduce, "all_reduce_")
+    else:
+        import deepspeed
+        import deepspeed.comm as ds_comm
+        from deepspeed.comm import comm as ds_state
+
+        # gloo: DeepSpeed's CPU accelerator asks for oneCCL, which is not installed; the shm op does
+        # the all-reduce, the process group only carries the fallback, which is checked not to run.
+        deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
+        control = dist.new_group(backend="gloo")
+        problem = peers._deepspeed_shm_problem(ds_state.cdb, "float32")
+        problems: list = [None] * world
+        dist.all_gather_object(problems, problem, group=control)
+        reasons = sorted({p for p in problems if p})
+        info["deepspeed"] = deepspeed.__version__
+        sd = full_weights(cfg)
+        shared = {k: nn.Parameter(sd[k], requires_grad=False) for k in ("embed.weight", "lm_head.weight")}
+        split = build(cfg, sd, "split", rank, world, shared)
+        del sd
+        models = {DS_FLOOR: (split, None)}
+        if reasons:
+            models["split-deepspeed"] = (None, "shm op not loaded: " + "; ".join(reasons))
+        else:
+            models["split-deepspeed"] = (split, lambda t: ds_comm.inference_all_reduce(t))
+    records = _run_setups(cfg, rank, world, control, models)
+    result = _gather(records, world, control)
+    if rank == 0:
+        with open(args.out, "w") as f:
+            json.dump({"rows": result, **info}, f)
+    dist.barrier(group=control)
+    # Leave without tearing the groups down: torch's gloo sometimes aborts in its exit handlers
+    # (see ringreduce/_launch.py), which would turn a finished run into a failed one.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Launching
+
+
+def launch(kind: str, python: str, cfg: argparse.Namespace, tmp: str, timeout: float) -> dict:
+    """Run one launch of `kind` ("main" or "deepspeed") over cfg.nproc ranks; rank 0's result."""
+    out = os.path.join(tmp, f"{kind}.json")
+    config = json.dumps(vars(cfg))
+    worker = [SCRIPT, "worker", kind, "--config", config, "--out", out]
+    env = dict(os.environ, OMP_NUM_THREADS=str(cfg.threads), WORLD_SIZE=str(cfg.nproc))
+    port = None
+    if kind == "main":
+        worker += ["--store", os.path.join(tmp, "store")]
+    else:
+        port = peers._free_port()
+        # What DeepSpeed's launcher sets: LOCAL_SIZE tells the shm op that all ranks share a host.
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), DS_ACCELERATOR="cpu",
+                   LOCAL_SIZE=str(cfg.nproc), LOCAL_WORLD_SIZE=str(cfg.nproc))
+    logs = [os.path.join(tmp, f"{kind}-rank{r}.log") for r in range(cfg.nproc)]
+    procs = []
+    try:
+        for r in range(cfg.nproc):
+            with open(logs[r], "w") as f:
+                procs.append(subprocess.Popen([python, *worker], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+                                              stdout=f, stderr=subprocess.STDOUT, start_new_session=True))
+        peers._wait(procs, logs, timeout, f"the {kind} launch")
+    finally:
+        peers._kill(procs)
+        if port is not None:  # DeepSpeed never unlinks its shm workspaces
+            for r in range(cfg.nproc):
+                path = f"/dev/shm/{peers.DS_SHM_PREFIX}_{os.getuid()}_127.0.0.1_{port}_{r}"
+                if os.path.exists(path):
+                    os.remove(path)
+    with open(out) as f:
+        return json.load(f)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The report
+
+
+def _version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _params(cfg) -> tuple[int, int]:
+    """(whole model's parameters, one rank's)."""
+    h, m, v, n = cfg.hidden, cfg.mlp, cfg.vocab, cfg.nproc
+    layer = 4 * h * h + 3 * h * m
+    total = 2 * v * h + cfg.layers * (layer + 2 * h) + h
+    return total, 2 * v * h + cfg.layers * (layer // n + 2 * h) + h
+
+
+def header(cfg, ds_note: str) -> list[str]:
+    total, per_rank = _params(cfg)
+    head_dim = cfg.hidden // cfg.heads
+    return [
+        f"# tensor-parallel decode, {cfg.nproc} ranks: Llama-shaped decoder, hidden {cfg.hidden}, {cfg.layers} "
+        f"layers, {cfg.heads} heads of {head_dim}, SwiGLU MLP {cfg.mlp}, vocab {cfg.vocab}; "
+        f"{total / 1e6:.1f}M parameters (fp32), {per_rank / 1e6:.1f}M on each rank (embedding and LM head whole on every rank)",
+        f"# batch 1, greedy: a {cfg.prompt}-token prompt (prefill), then {cfg.tokens} new tokens "
+        f"({cfg.tokens - 1} decode steps after the prefill's); two all-reduces of {cfg.hidden * 4} bytes per "
+        "layer and decode step",
+        f"# {cfg.started}; host {socket.gethostname()}: {os.cpu_count()} cores, {peers._cpu_model()}; "
+        f"Python {platform.python_version()}; torch {torch.__version__}, ringreduce {_version('ringreduce')}; "
+        f"{cfg.threads} intra-op thread(s) per rank",
+        f"# command: {cfg.command}",
+        f"# timing: every setup warmed up (prefill + {WARMUP_TOKENS - 1} decode steps; torch.compile compiles "
+        f"then), then {cfg.rounds} round(s), the order rotated each round; ms/token = the slowest rank's "
+        "median over every decode step; tokens/s = 1000 / ms/token; prefill = the slowest rank's median "
+        "prefill; warm-up = the first generation, compilation included",
+        f"# compiled rows: torch.compile(model, backend={cfg.compile_backend!r}, dynamic=False)",
+        f"# tokens: the last round's ids against {REFERENCE}'s (the reference)",
+        f"# DeepSpeed: {ds_note}",
+    ]
+
+
+def _tokens_cell(key: str, row: dict, ref: dict | None) -> str:
+    if row.get("error"):
+        return "-"
+    note = "" if row.get("ranks_agree", True) else ", ranks disagree"
+    if key == REFERENCE:
+        return "reference" + note
+    if ref is None or ref.get("error") or ref.get("tokens") is None:
+        return "no reference" + note
+    a, b = row["tokens"], ref["tokens"]
+    if a == b:
+        return "match" + note
+    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    expected = " (no communication: expected)" if key.startswith("split-none") else ""
+    return f"differ from token {first + 1} of {len(b)}{note}{expected}"
+
+
+def _label(key: str, cfg) -> str:
+    if key == DS_FLOOR:
+        return "hand-split, no communication, in DeepSpeed's launch"
+    s = BY_KEY[key]
+    label = s.label + (f" ({cfg.compile_backend})" if s.compiled else "")
+    return label + (", own launch" if s.comm == "deepspeed" else "")
+
+
+def _tps(rows: dict, key: str) -> float | None:
+    row = rows.get(key)
+    if not row or row.get("error") or not row.get("ms_per_token"):
+        return None
+    return 1e3 / row["ms_per_token"]
+
+
+def report(cfg, rows: dict) -> list[str]:
+    # The main launch's rows, then DeepSpeed's launch: its setup and its floor.
+    keys = [s.key for s in SETUPS if s.key in rows and s.comm != "deepspeed"]
+    keys += [k for k in ("split-deepspeed", DS_FLOOR) if k in rows]
+    ref = rows.get(REFERENCE)
+    width = max(len(_label(k, cfg)) for k in keys) if keys else 10
+    lines = [f"# {'setup':<21} {'description':<{width}} {'ms/token':>9} {'tokens/s':>9} {'prefill(ms)':>12} "
+             f"{'warm-up(s)':>11}  tokens"]
+    for key in keys:
+        row = rows[key]
+        label = _label(key, cfg)
+        if row.get("error"):
+            lines.append(f"  {key:<21} {label:<{width}} {'n/a':>9} {'n/a':>9} {'n/a':>12} "
+                         f"{'n/a':>11}  {row['error']}")
+            continue
+        lines.append(f"  {key:<21} {label:<{width}} {row['ms_per_token']:9.2f} "
+                     f"{1e3 / row['ms_per_token']:9.2f} {row['prefill_ms']:12.1f} {row['warmup_s']:11.1f}  "
+                     f"{_tokens_cell(key, row, ref)}")
+
+    def ratio(a: str, b: str) -> str:
+        x, y = _tps(rows, a), _tps(rows, b)
+        return f"{x / y:.2f}x" if x and y else "n/a"
+
+    rr_split = "split-direct" if _tps(rows, "split-direct") else "split-rr"
+    if "split-deepspeed" in rows:
+        ds_floor, floor = _tps(rows, DS_FLOOR), _tps(rows, "split-none")
+        if ds_floor and floor:
+            lines.append(f"# DeepSpeed ran in a launch of its own: the no-communication floor there ran at "
+                         f"{ds_floor:.2f} tokens/s, here at {floor:.2f} (how much the machine moved between launches)")
+        lines.append(f"# against DeepSpeed, ringreduce's hand-split row is {rr_split} "
+                     f"({'the direct op' if rr_split == 'split-direct' else 'dist.all_reduce: the direct op did not run'})")
+    direct, floor = _tps(rows, "split-direct"), _tps(rows, "split-none")
+    at = f"{100 * direct / floor:.0f}%" if direct and floor else "n/a"
+    lines.append(f"# hand-split: ringreduce direct op at {at} of the no-communication floor's tokens/s")
+    lines.append(f"# TP decode, {cfg.nproc} ranks: ringreduce = {ratio('dtensor-rr', 'dtensor-gloo')} gloo (DTensor eager), "
+                 f"{ratio('dtensor-rr-compiled', 'dtensor-gloo-compiled')} gloo (DTensor compiled), "
+                 f"{ratio(rr_split, 'split-deepspeed')} DeepSpeed (hand-split)")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------------
+# Command line
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="benchmarks/tp_decode.py", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--mlp", type=int, default=2816, help="the MLP's inner width (default 2816)")
+    p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--prompt", type=int, default=128, help="prompt tokens (default 128)")
+    p.add_argument("--tokens", type=int, default=64, help="new tokens, the prefill's included (default 64)")
+    p.add_argument("--nproc", type=int, default=2, help="ranks (default 2)")
+    p.add_argument("--setups", default="all", help=f"comma list of {', '.join(BY_KEY)}; or all (default)")
+    p.add_argument("--rounds", type=int, default=3, help="timed generations per setup (default 3)")
+    p.add_argument("--threads", type=int, default=1, help="intra-op threads per rank (default 1)")
+    p.add_argument("--compile-backend", default="aot_eager",
+                   help="torch.compile backend of the compiled rows (default aot_eager; inductor also runs "
+                        "where a C++ compiler is found, and compiles for minutes at the default size)")
+    p.add_argument("--peers-python", default=DEFAULT_PEERS_PYTHON,
+                   help="the python with DeepSpeed (default .venv-peers/bin/python)")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds one launch may take (default 1800)")
+    p.add_argument("--json", metavar="FILE", help="also write the rows and the header here")
+    args = p.parse_args(argv)
+    if args.nproc < 2:
+        p.error("--nproc must be at least 2")
+    if args.hidden % args.heads or (args.hidden // args.heads) % 2:
+        p.error("--hidden must be --heads times an even head size")
+    if args.heads % args.nproc or args.mlp % args.nproc:
+        p.error("--heads and --mlp must divide by --nproc")
+    if args.tokens < 2 or args.prompt < 1 or args.rounds < 1 or args.threads < 1:
+        p.error("--tokens must be at least 2, --prompt, --rounds and --threads at least 1")
+    chosen = [x.strip() for x in args.setups.split(",") if x.strip()]
+    if chosen == ["all"]:
+        chosen = list(BY_KEY)
+    unknown = [x for x in chosen if x not in BY_KEY]
+    if unknown or not chosen:
+        p.error(f"--setups takes a comma list of {', '.join(BY_KEY)} (or all); unknown: {unknown}")
+    args.setups = [k for k in BY_KEY if k in chosen]
+    args.command = shlex.join(["python", os.path.relpath(SCRIPT), *argv])
+    return args
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    args.started = datetime.datetime.now().isoformat(timespec="seconds")
+    cfg = argparse.Namespace(**{k: getattr(args, k) for k in (
+        "hidden", "layers", "heads", "mlp", "vocab", "prompt", "tokens", "nproc", "setups", "rounds",
+        "threads", "compile_backend", "started", "command")})
+    rows: dict = {}
+    main_keys = [k for k in args.setups if k != "split-deepspeed"]
+    ds_note = "left out by --setups"
+    with tempfile.TemporaryDirectory(prefix="ringreduce-tp-decode-") as tmp:
+        if main_keys:
+            print(f"main launch: {', '.join(main_keys)}", file=sys.stderr, flush=True)
+            try:
+                got = launch("main", sys.executable, argparse.Namespace(**{**vars(cfg), "setups": main_keys}),
+                             tmp, args.timeout)
+            except peers.LaunchFailed as e:
+                print(e, file=sys.stderr)
+                return 1
+            rows.update(got["rows"])
+        if "split-deepspeed" in args.setups:
+            if not os.path.exists(args.peers_python):
+                ds_note = f"skipped: {peers._shown(args.peers_python)} does not exist ({peers.SETUP_HINT})"
+                rows["split-deepspeed"] = {"error": ds_note}
+            else:
+                print("DeepSpeed launch: split-deepspeed and the floor", file=sys.stderr, flush=True)
+                try:
+                    got = launch("deepspeed", args.peers_python, cfg, tmp, args.timeout)
+                    rows.update(got["rows"])
+                    ds_note = (f"DeepSpeed {got.get('deepspeed')}, deepspeed.comm.inference_all_reduce after "
+                               "deepspeed.init_distributed('gloo'), DS_ACCELERATOR=cpu, LOCAL_SIZE=ranks, in "
+                               f"{peers._shown(args.peers_python)}; every rank checks its shm op is loaded "
+                               "and in use")
+                except peers.LaunchFailed as e:
+                    print(e, file=sys.stderr)
+                    ds_note = f"its launch failed: {peers._last_line(str(e))}"
+                    rows["split-deepspeed"] = {"error": ds_note}
+    head = header(cfg, ds_note)
+    out = head + report(cfg, rows)
+    print("\n".join(out), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"header": [h.lstrip("# ") for h in head], "config": vars(cfg),
+                       "rows": rows, "summary": [x.lstrip("# ") for x in out[len(head):] if x.startswith("#")][1:]},
+                      f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["worker"]:
+        worker_main(sys.argv[2:])
+    else:
+        sys.exit(main(sys.argv[1:]))
