@@ -65,9 +65,6 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly(
           "local_ranks", [](const ringreduce::RingBackend& b) { return b.config().local_ranks_seen; },
           "The ranks on rank 0's machine, which the crowded-core defaults were chosen for")
-      .def_property_readonly(
-          "inline_async_bytes",
-          [](const ringreduce::RingBackend& b) { return b.config().inline_async_bytes; })
       .def_property_readonly("stream_bytes",
                              [](const ringreduce::RingBackend& b) { return b.config().stream_bytes; })
       .def_property_readonly("tcp_sockets",

@@ -67,12 +67,6 @@ void copy_back(const std::vector<at::Tensor>& bufs, const std::vector<at::Tensor
   }
 }
 
-size_t op_bytes(const std::vector<at::Tensor>& outputs) {
-  size_t n = 0;
-  for (const at::Tensor& t : outputs) n += t.nbytes();
-  return n;
-}
-
 std::vector<void*> pointers(const std::vector<at::Tensor>& ts) {
   std::vector<void*> p;
   for (const at::Tensor& t : ts) p.push_back(t.data_ptr());
@@ -127,8 +121,8 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const cha
                           : detail::cat(name, " #", seq, " ", outs[0].sizes(), " ", outs[0].scalar_type());
     log::write(log::Level::Trace, rank_, detail::cat(traced, ": issued", async_op ? " (async)" : ""));
   }
-  std::function<void()> task = [this, run = std::move(run), name, seq, t, pins,
-                                traced = std::move(traced)]() mutable {
+  auto task = [this, run = std::move(run), name, seq, t, pins,
+               traced = std::move(traced)]() mutable {
     OpContext ctx;
     ctx.name = name;
     ctx.seq = seq;
@@ -167,11 +161,12 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const cha
   // Claiming or queueing under mu_ keeps queue order equal to sequence order; the op itself
   // runs without mu_, so other threads can issue ops (they queue behind it) meanwhile.
   // (Not for CUDA ops: the caller's thread only queues them, and its stream waits for them.)
-  // An async op that is small (RINGREDUCE_INLINE_ASYNC_BYTES) runs here too when nothing is ahead
-  // of it: handing it to the progress thread and back costs two context switches, more than the
-  // op, and there is little to overlap it with. It returns completed, which async_op allows.
-  const bool inline_ok =
-      !on_cuda && (!async_op || op_bytes(work->result()) <= config_.inline_async_bytes);
+  // In a group of one an async op runs here too (nothing can keep it waiting) and returns
+  // completed. In larger groups it never runs at its call: the caller may go on to ops of other
+  // groups, in an order that differs from rank to rank (torch allows that), and an op run here
+  // would block it until the peers reach this group's op, which they may do only after this rank
+  // has reached theirs. Its wait() runs it instead, if the progress thread has not started it.
+  const bool inline_ok = !on_cuda && (!async_op || size_ == 1);
   if (inline_ok && queue_.try_claim()) {
     lock.unlock();
     queue_.run_claimed(work, task);
@@ -179,7 +174,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const cha
   }
   if (!on_cuda) work->run_on_wait();
   try {
-    queue_.push(work, std::move(task));
+    queue_.push(work, std::function<void()>(std::move(task)));
   } catch (...) {
     --next_seq_;  // never issued: later ops keep the numbers the other ranks give them
     flight_->withdraw(seq);

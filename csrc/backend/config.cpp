@@ -82,12 +82,6 @@ void set_slice_bytes(Config& c, const char* var, const char* v) {
   c.slice_bytes = b;
 }
 
-void set_inline_async_bytes(Config& c, const char* var, const char* v) {
-  const uint64_t b = parse_bytes(var, v);
-  RR_CHECK(b <= (1ull << 40), "ringreduce: ", var, "=", v, " must be at most 1T");
-  c.inline_async_bytes = b;
-}
-
 void set_stream(Config& c, const char* var, const char* v) { c.stream = SlotWrites::parse(v, var); }
 
 void set_stream_bytes(Config& c, const char* var, const char* v) {

@@ -21,9 +21,6 @@ struct Config {
   size_t slice_bytes = 128 << 10;
   // Slots per link: how many slices a rank may be ahead of its successor.
   uint32_t slots = 4;
-  // Async ops of at most this many bytes (outputs) run on the caller's thread when nothing is
-  // queued or running, as synchronous ones do (RINGREDUCE_INLINE_ASYNC_BYTES; 0: none).
-  size_t inline_async_bytes = 256u << 10;
   // How ops of at least stream_bytes write the slots their peers read next: measured (auto),
   // plainly or with non-temporal stores (ring/handoff.h; RINGREDUCE_STREAM, _STREAM_BYTES).
   SlotWrites::Mode stream = SlotWrites::Mode::Auto;

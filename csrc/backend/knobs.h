@@ -45,8 +45,6 @@ struct Knob {
   X(slice_bytes, "RINGREDUCE_SLICE_BYTES", Bytes, "128K; 512K with more ranks than CPUs",             \
     "payload of one message: the slice the ring pipelines (a multiple of 64, 64 to 64M)")            \
   X(slots, "RINGREDUCE_SLOTS", Count, "4", "slices in flight per link (2 to 64)")                     \
-  X(inline_async_bytes, "RINGREDUCE_INLINE_ASYNC_BYTES", Bytes, "256K",                               \
-    "async ops up to this size run on the caller's thread when nothing is queued (0: none)")         \
   X(stream, "RINGREDUCE_STREAM", Choice, "auto",                                                      \
     "how large ops write the slots a peer reads next: auto (measured), plain or stream")             \
   X(stream_bytes, "RINGREDUCE_STREAM_BYTES", Bytes, "64K",                                           \

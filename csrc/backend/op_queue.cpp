@@ -12,7 +12,7 @@ namespace {
 // Runs body, ends the claim, then completes the Work: its future's callbacks may issue further
 // ops on this group, which must then find the queue free.
 void run_and_complete(QueueState& st, const c10::intrusive_ptr<RingWork>& work,
-                      const std::function<void()>& body) {
+                      c10::function_ref<void()> body) {
   std::exception_ptr error;
   try {
     body();
@@ -112,7 +112,7 @@ bool OpQueue::try_claim() {
 }
 
 void OpQueue::run_claimed(const c10::intrusive_ptr<RingWork>& work,
-                          const std::function<void()>& body) {
+                          c10::function_ref<void()> body) {
   at::NoGradGuard no_grad;
   run_and_complete(*st_, work, body);
 }

@@ -15,6 +15,8 @@
 #include <string>
 #include <thread>
 
+#include <c10/util/FunctionRef.h>
+
 #include "backend/work.h"
 
 namespace ringreduce {
@@ -61,7 +63,8 @@ class OpQueue {
   // nothing is queued or running, and makes later pushes wait; the caller then runs the op with
   // run_claimed(), which ends the claim before completing the Work.
   bool try_claim();
-  void run_claimed(const c10::intrusive_ptr<RingWork>& work, const std::function<void()>& body);
+  // (A function_ref: an op run here is never stored, so it needs no std::function of its own.)
+  void run_claimed(const c10::intrusive_ptr<RingWork>& work, c10::function_ref<void()> body);
 
   void run_queued_here_until(const RingWork& work) { ringreduce::run_queued_here_until(*st_, work); }
   // Sets QueueState::idle; set it to null before what it points at goes away (it is called under

@@ -19,8 +19,19 @@ RingWork::RingWork(int rank, c10d::OpType type, const char* op_name, uint64_t se
       outputs_(std::move(outputs)),
       queue_(std::move(queue)),
       progress_thread_(queue_->thread_id),
-      future_(c10::make_intrusive<c10::ivalue::Future>(
-          c10::ListType::create(c10::TensorType::get()), std::move(devices))) {}
+      devices_(std::move(devices)) {}
+
+namespace {
+
+void settle(c10::ivalue::Future& f, const std::vector<at::Tensor>& outputs, std::exception_ptr error) {
+  if (error) {
+    f.setError(error);
+  } else {
+    f.markCompleted(c10::IValue(outputs));
+  }
+}
+
+}  // namespace
 
 bool RingWork::wait(std::chrono::milliseconds timeout) {
   if (std::this_thread::get_id() == progress_thread_) {
@@ -49,7 +60,24 @@ bool RingWork::wait(std::chrono::milliseconds timeout) {
   return true;
 }
 
-c10::intrusive_ptr<c10::ivalue::Future> RingWork::getFuture() { return future_; }
+c10::intrusive_ptr<c10::ivalue::Future> RingWork::getFuture() {
+  c10::intrusive_ptr<c10::ivalue::Future> f;
+  bool settle_here;
+  {
+    std::lock_guard<std::mutex> lock(future_mu_);
+    if (!future_) {
+      future_ = c10::make_intrusive<c10::ivalue::Future>(
+          c10::ListType::create(c10::TensorType::get()), devices_);
+      settle_here = done_;  // complete() has run and found no future: it is ours to complete
+    } else {
+      settle_here = false;
+    }
+    f = future_;
+  }
+  // Outside the lock: completing runs the future's callbacks, which may call back into this Work.
+  if (settle_here) settle(*f, outputs_, error_);
+  return f;
+}
 
 int RingWork::sourceRank() const {
   const int r = source_rank_.load();
@@ -66,11 +94,14 @@ std::vector<at::Tensor> RingWork::result() { return outputs_; }
 void RingWork::complete(std::exception_ptr error) {
   // The future first, then the Work: whoever returns from wait() may read the future's value at
   // once (torch's own backends order it the same way). Its callbacks run here, on this thread.
-  if (error) {
-    future_->setError(error);
-  } else {
-    future_->markCompleted(c10::IValue(outputs_));
+  c10::intrusive_ptr<c10::ivalue::Future> f;
+  {
+    std::lock_guard<std::mutex> lock(future_mu_);
+    done_ = true;
+    error_ = error;
+    f = future_;  // null: nobody has asked for it, and getFuture() will complete it when asked
   }
+  if (f) settle(*f, outputs_, error);
   finish(error);
 }
 

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -55,7 +56,15 @@ class RingWork final : public c10d::Work {
   std::thread::id progress_thread_;
   bool run_on_wait_ = false;
   std::atomic<int> source_rank_{-1};
+  // The future is made when someone asks for it (DDP, comm hooks, torch.compile's functional
+  // collectives do; a plain dist.all_reduce does not): making and completing one is most of what
+  // a small op costs this layer. Whichever of getFuture() and complete() comes second completes
+  // it, once (see both).
+  std::mutex future_mu_;
+  std::vector<c10::Device> devices_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+  bool done_ = false;
+  std::exception_ptr error_;
 };
 
 // Turns whatever an op threw into the c10::DistBackendError that Python sees as
