@@ -48,7 +48,10 @@ def _group_name(group) -> str:
 
 def all_reduce_(tensor: torch.Tensor, op="sum", group=None) -> None:
     """All-reduce ``tensor`` in place over ``group`` (the default group when None)."""
-    _ops().all_reduce_(tensor, _op_name(op), _group_name(group))
+    # The common call (op "sum", the default group) costs one dict-free check before the op.
+    name = op if op.__class__ is str and op in _OPS else _op_name(op)
+    (_ops() if not _loaded else torch.ops.ringreduce).all_reduce_(
+        tensor, name, "" if group is None else group.group_name)
 
 
 def all_gather_into_tensor_(output: torch.Tensor, input: torch.Tensor, group=None) -> None:

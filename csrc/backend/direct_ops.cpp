@@ -68,6 +68,7 @@ void all_reduce_cpu(at::Tensor t, c10::string_view op, c10::string_view group) {
   RingBackend& b = backend_of(group, "all_reduce_");
   c10d::AllreduceOptions opts;
   opts.reduceOp = reduce_op(op, b.getRank());
+  opts.asyncOp = false;  // the caller waits at once: run it on this thread when the queue is free
   // dist.all_reduce hands a complex SUM or AVG to the backend as its real view, which the ring
   // cuts into chunks at other places: the same here, so the two paths give the same bits.
   const bool as_real = t.is_complex() && (opts.reduceOp == c10d::ReduceOp::SUM ||
@@ -79,7 +80,9 @@ void all_reduce_cpu(at::Tensor t, c10::string_view op, c10::string_view group) {
 void all_gather_into_tensor_cpu(at::Tensor out, const at::Tensor& in, c10::string_view group) {
   RingBackend& b = backend_of(group, "all_gather_into_tensor_");
   at::Tensor input = in;
-  b._allgather_base(out, input, c10d::AllgatherOptions())->wait();
+  c10d::AllgatherOptions opts;
+  opts.asyncOp = false;
+  b._allgather_base(out, input, opts)->wait();
 }
 
 void all_reduce_meta(at::Tensor, c10::string_view, c10::string_view) {}
