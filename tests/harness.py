@@ -89,6 +89,41 @@ def mix_seed(*parts) -> int:
     return int.from_bytes(h, "little") & 0x7FFFFFFFFFFFFFFF
 
 
+def launch_script_ranks(tmp_path, world, code, case, env, timeout=120):
+    """Run ``code`` (a worker script) as ``world`` ranks under env:// on a free port, each with
+    CASE=case, OUT=tmp_path and ``env``; each worker writes ``rank{r}.json`` into OUT. Returns
+    (results by rank, the start time, a text for assertion messages: the results and each rank's
+    output tail). Fails the test if a rank hangs past ``timeout``."""
+    import json
+    import subprocess
+
+    import pytest
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        e = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                 MASTER_PORT=str(port), CASE=case, OUT=str(tmp_path),
+                 RINGREDUCE_FLIGHT_DIR=str(tmp_path / "flight"),
+                 PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""), **env)
+        procs.append(subprocess.Popen([sys.executable, "-c", code], env=e, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    start = time.time()
+    outputs = []
+    for p in procs:
+        try:
+            outputs.append(p.communicate(timeout=timeout)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail(f"{case}: a rank hung")
+    results = {r: json.loads((tmp_path / f"rank{r}.json").read_text())
+               for r in range(world) if (tmp_path / f"rank{r}.json").exists()}
+    why = json.dumps(results, indent=1) + "".join(f"\n--- rank {r} ---\n{o[-2000:]}" for r, o in enumerate(outputs))
+    return results, start, why
+
+
 def free_port() -> int:
     """A port that was free a moment ago.  Binding port 0 and closing leaves a small
     race; ``Pool`` retries start-up with a new port on EADDRINUSE."""

@@ -269,28 +269,7 @@ os._exit(0)
 
 
 def _run(tmp_path, world, case, env):
-    port = harness.free_port()
-    procs = []
-    for rank in range(world):
-        e = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                 MASTER_PORT=str(port), CASE=case, OUT=str(tmp_path),
-                 RINGREDUCE_FLIGHT_DIR=str(tmp_path / "flight"),
-                 PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **env)
-        procs.append(subprocess.Popen([sys.executable, "-c", WORKER], env=e, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
-    start = time.time()
-    outputs = []
-    for p in procs:
-        try:
-            outputs.append(p.communicate(timeout=120)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail(f"{case}: a rank hung")
-    results = {r: json.loads((tmp_path / f"rank{r}.json").read_text())
-               for r in range(world) if (tmp_path / f"rank{r}.json").exists()}
-    why = json.dumps(results, indent=1) + "".join(f"\n--- rank {r} ---\n{o[-2000:]}" for r, o in enumerate(outputs))
-    return results, start, why
+    return harness.launch_script_ranks(tmp_path, world, WORKER, case, env)
 
 
 @pytest.mark.parametrize("algo,count", [("oneshot", 256), ("twoshot", 100_000)])
