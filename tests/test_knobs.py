@@ -157,3 +157,49 @@ def test_crowded_core_defaults_count_the_ranks_on_rank0s_machine(ranks, standin)
         assert (d["local"], d["spin"], d["slice"]) == ("4", "2", str(512 << 10)), one
     for _, d in two:
         assert (d["local"], d["spin"], d["slice"]) == ("2", "50", str(128 << 10)), two
+
+
+def test_a_misspelled_knob_is_named_with_the_closest_one(tmp_path, standin):
+    if standin:
+        pytest.skip("ringreduce's knobs")
+    code = ("import torch.distributed as dist, ringreduce\n"
+            f"store = dist.FileStore({str(tmp_path / 'store')!r}, 1)\n"
+            "dist.init_process_group('ringreduce', store=store, rank=0, world_size=1)\n"
+            "dist.new_group(backend='ringreduce')\n")
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               RINGREDUCE_SLICE_BYTE="64", RINGREDUCE_SPIN_USS="3")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    for name, closest in (("RINGREDUCE_SLICE_BYTE", "RINGREDUCE_SLICE_BYTES"),
+                          ("RINGREDUCE_SPIN_USS", "RINGREDUCE_SPIN_US")):
+        want = f"{name} is not a ringreduce knob and is ignored; did you mean {closest}?"
+        assert out.stderr.count(want) == 1, out.stderr  # once, though two groups were made
+
+
+DIFFERING = r'''
+import json, os
+import torch
+import torch.distributed as dist
+if os.environ["RANK"] == "1":
+    os.environ["RINGREDUCE_SLOTS"] = "8"
+    os.environ["RINGREDUCE_ALGO"] = "ring"
+dist.init_process_group("ringreduce")
+slots = dist.group.WORLD._get_backend(torch.device("cpu")).slots
+with open(os.path.join(os.environ["OUT"], f"rank{os.environ['RANK']}.json"), "w") as f:
+    json.dump({"slots": slots}, f)
+dist.destroy_process_group()
+'''
+
+
+def test_a_rank_whose_agreed_knob_differs_from_rank0s_is_warned(tmp_path, standin):
+    """The warning comes from the backend's construction (C++, printed on the rank's stderr)."""
+    if standin:
+        pytest.skip("ringreduce's knobs")
+    import harness
+    results, _, why = harness.launch_script_ranks(tmp_path, 2, DIFFERING, "differing", {})
+    assert results[0]["slots"] == results[1]["slots"] == 4, why  # rank 0's value is in force
+    rank0, rank1 = why.split("--- rank 1 ---")
+    assert "is not used" not in rank0.split("--- rank 0 ---")[-1], why
+    for line in ("rank 1: RINGREDUCE_SLOTS=8 is not used: the group uses rank 0's value, slots=4",
+                 "rank 1: RINGREDUCE_ALGO=ring is not used: the group uses rank 0's value, algo=auto"):
+        assert rank1.count(line) == 1, why

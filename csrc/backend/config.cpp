@@ -3,7 +3,12 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <c10/util/Exception.h>
+
+#include <algorithm>
 #include <cctype>
+#include <mutex>
+#include <set>
 #include <fstream>
 #include <cerrno>
 #include <cstdlib>
@@ -14,6 +19,8 @@
 #include "common/error.h"
 #include "transport/hosts.h"
 #include "transport/transport.h"
+
+extern char** environ;
 
 namespace ringreduce {
 
@@ -194,6 +201,83 @@ Config Config::from_env(int local_ranks) {
   return c;
 }
 
+namespace {
+
+// Levenshtein distance, for "did you mean" (knob names are short; this runs once per variable).
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// Each warning once per process, however many groups are made.
+bool first_time(const std::string& key) {
+  static std::mutex mu;
+  static std::set<std::string> said;
+  std::lock_guard<std::mutex> lock(mu);
+  return said.insert(key).second;
+}
+
+}  // namespace
+
+std::string Config::closest_knob(const std::string& name) {
+  std::string best;
+  size_t best_d = std::string::npos;
+  for (const Knob& k : kKnobs) {
+    const size_t d = edit_distance(name, k.name);
+    if (d < best_d) {
+      best_d = d;
+      best = k.name;
+    }
+  }
+  return best;
+}
+
+std::vector<std::string> Config::knob_warnings(const Config& agreed, int rank, char** env) {
+  std::vector<std::string> out;
+  for (char** e = env; e != nullptr && *e != nullptr; ++e) {
+    const std::string entry = *e;
+    if (entry.rfind("RINGREDUCE_", 0) != 0) continue;
+    const size_t eq = entry.find('=');
+    const std::string name = entry.substr(0, eq);
+    bool known = false;
+    for (const Knob& k : kKnobs) known = known || name == k.name;
+    if (!known) {
+      out.push_back(detail::cat("ringreduce: ", name, " is not a ringreduce knob and is ignored; did you mean ",
+                                closest_knob(name), "? (python -m ringreduce.info --knobs lists them)"));
+    }
+  }
+  if (rank == 0) return out;
+  // The agreed knobs are read on rank 0 only: a different value here is not used, say so.
+  for (const ConfigKnob& k : kConfigKnobs) {
+    const char* v = std::getenv(k.var);
+    if (v == nullptr) continue;
+    Config mine = agreed;
+    std::string why;
+    try {
+      k.set(mine, k.var, v);
+    } catch (const std::exception& e) {
+      why = detail::cat(" (", e.what(), ")");
+    }
+    const std::string theirs = k.get(agreed);
+    if (!why.empty() || k.get(mine) != theirs) {
+      out.push_back(detail::cat("ringreduce: rank ", rank, ": ", k.var, "=", v, why,
+                                " is not used: the group uses rank 0's value, ", key_of(k.var), "=",
+                                theirs, " (agreed knobs are read on rank 0; set them alike on every rank)"));
+    }
+  }
+  return out;
+}
+
 std::string Config::machine_key() {
   // The kernel's boot id is the same for every process of one machine, in any container, and
   // differs between machines (and across reboots); the host name stands in where it is hidden.
@@ -255,6 +339,9 @@ Config Config::agree(Bootstrap& bs, const std::string& prefix, int rank, int siz
   }
   RR_CHECK(seen == (uint64_t{1} << n) - 1, "ringreduce: rank ", rank,
            " read a malformed config from the store: '", text, "'");
+  for (const std::string& w : knob_warnings(c, rank, environ)) {
+    if (first_time(w)) TORCH_WARN(w);
+  }
   return c;
 }
 

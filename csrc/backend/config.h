@@ -93,6 +93,12 @@ struct Config {
   static int local_ranks(const std::vector<std::string>& keys, int fake_hosts);
   // This machine's key for local_ranks().
   static std::string machine_key();
+
+  // What agree() warns about (once per process each, as a torch warning): a RINGREDUCE_* variable
+  // in `env` that is no knob (naming the closest one), and on ranks other than 0, an agreed knob
+  // whose value here differs from rank 0's, which is the one in force.
+  static std::vector<std::string> knob_warnings(const Config& agreed, int rank, char** env);
+  static std::string closest_knob(const std::string& name);
   // The ranks on rank 0's machine that agree() counted, its defaults were chosen for (0 before).
   int local_ranks_seen = 0;
 
