@@ -89,6 +89,19 @@ def mix_seed(*parts) -> int:
     return int.from_bytes(h, "little") & 0x7FFFFFFFFFFFFFFF
 
 
+def needs_ringreduce():
+    """A pytest mark that skips a test, with the reason, where the extension is not built."""
+    import pytest
+
+    try:
+        import ringreduce
+
+        ringreduce.load_extension()
+    except ImportError as e:
+        return pytest.mark.skipif(True, reason=f"the ringreduce backend is not built yet (`make build`): {e}")
+    return pytest.mark.skipif(False, reason="")
+
+
 def launch_script_ranks(tmp_path, world, code, case, env, timeout=120):
     """Run ``code`` (a worker script) as ``world`` ranks under env:// on a free port, each with
     CASE=case, OUT=tmp_path and ``env``; each worker writes ``rank{r}.json`` into OUT. Returns

@@ -11,6 +11,8 @@ import subprocess
 import sys
 
 import pytest
+
+import harness
 import torch
 import torch.distributed as dist
 
@@ -21,18 +23,7 @@ TINY = ["-b", "1K", "-e", "64K", "-n", "2", "-w", "1", "--timeout", "120"]
 TINY_SIZES = [1024, 4096, 16384, 65536]
 
 
-def _ringreduce_unavailable():
-    try:
-        import ringreduce
-
-        ringreduce.load_extension()
-    except ImportError as e:
-        return f"the ringreduce backend is not built yet (`make build`): {e}"
-    return None
-
-
-_RINGREDUCE_MISSING = _ringreduce_unavailable()
-needs_ringreduce = pytest.mark.skipif(_RINGREDUCE_MISSING is not None, reason=str(_RINGREDUCE_MISSING))
+needs_ringreduce = harness.needs_ringreduce()
 
 
 def run_bench(*args, timeout=180):

@@ -14,6 +14,8 @@ import sys
 
 import pytest
 
+import harness
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "benchmarks", "peers.py")
 
@@ -23,18 +25,7 @@ peers = sys.modules["bench_peers"] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(peers)
 
 
-def _ringreduce_unavailable():
-    try:
-        import ringreduce
-
-        ringreduce.load_extension()
-    except ImportError as e:
-        return f"the ringreduce backend is not built yet (`make build`): {e}"
-    return None
-
-
-_RINGREDUCE_MISSING = _ringreduce_unavailable()
-needs_ringreduce = pytest.mark.skipif(_RINGREDUCE_MISSING is not None, reason=str(_RINGREDUCE_MISSING))
+needs_ringreduce = harness.needs_ringreduce()
 
 # Per backend in BACKENDS order: a time(us) and a busbw(GB/s) column; then one x/rr ratio per peer.
 BACKEND_COLUMNS = {b: 3 + 2 * i for i, b in enumerate(peers.BACKENDS)}

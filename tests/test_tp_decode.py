@@ -16,6 +16,8 @@ import sys
 
 import pytest
 
+import harness
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "benchmarks", "tp_decode.py")
 
@@ -31,18 +33,7 @@ CLOSING = re.compile(r"^# TP decode, 2 ranks: ringreduce = (\S+) gloo \(DTensor 
 FLOOR = re.compile(r"^# hand-split: ringreduce direct op at (\S+) of the no-communication floor's tokens/s$", re.M)
 
 
-def _ringreduce_unavailable():
-    try:
-        import ringreduce
-
-        ringreduce.load_extension()
-    except ImportError as e:
-        return f"the ringreduce backend is not built yet (`make build`): {e}"
-    return None
-
-
-_RINGREDUCE_MISSING = _ringreduce_unavailable()
-needs_ringreduce = pytest.mark.skipif(_RINGREDUCE_MISSING is not None, reason=str(_RINGREDUCE_MISSING))
+needs_ringreduce = harness.needs_ringreduce()
 
 
 @needs_ringreduce
