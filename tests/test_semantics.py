@@ -598,16 +598,24 @@ def _rank_storage_changed_under_async_ops(ctx):
         w.wait()
     report["set_"] = t.tolist()
     # resize_ that grows the storage is refused while the op runs, and works once it is done.
-    t = torch.full((big,), float(r + 1))
-    w = dist.all_reduce(t, async_op=True)
-    try:
-        t.resize_(4 * big)
-        report["resize_"] = "allowed while the op ran"
-    except RuntimeError as e:
-        report["resize_"] = str(e)
-    w.wait()
-    t.resize_(4 * big)  # allowed again
-    report["result"] = float(t[:big].min()), float(t[:big].max())
+    # Each rank in turn issues its op first and tries the resize_ while its peer holds back at a
+    # gloo barrier: the op cannot finish before the peer joins, however the scheduler runs them.
+    for first in range(n):
+        t = torch.full((big,), float(r + 1))
+        if r == first:
+            w = dist.all_reduce(t, async_op=True)
+            try:
+                t.resize_(4 * big)
+                report["resize_"] = "allowed while the op ran"
+            except RuntimeError as e:
+                report["resize_"] = str(e)
+            dist.barrier(group=ctx.gloo)
+            w.wait()
+            t.resize_(4 * big)  # allowed again
+            report["result"] = float(t[:big].min()), float(t[:big].max())
+        else:
+            dist.barrier(group=ctx.gloo)
+            dist.all_reduce(t)
     # Other collectives, and point-to-point, the same way.
     x = torch.full((big,), float(r))
     out = torch.empty(big * n)
