@@ -10,6 +10,9 @@ before the progress thread has taken it; in a group of one, at its call.
   differently).
 - Async ops issued back to back and waited for in reverse order all complete with the right
   results (the waiting thread runs the ones queued before its own).
+- A deferred async op (OpQueue::push) whose caller does not wait for it is started by the progress
+  thread after the start delay, and that caller's next ops go to the thread at once; a future
+  asked for, a wait with a timeout or a second op queued behind start a deferred op at once.
 """
 
 import datetime
@@ -88,3 +91,82 @@ def test_where_async_ops_run(ranks, backend, world):
     if backend != "ringreduce":
         pytest.skip("ringreduce's call path")
     harness.check_results(ranks(world).run(_rank_where, timeout=120))
+
+
+# The start delay of the pool below: long, so that an op the timer starts and one started at once
+# differ by far more than any scheduling delay.
+_DELAY_S = 1.0
+
+
+def _rank_deferred(ctx):
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    r = ctx.rank
+    g = dist.new_group(backend="ringreduce")  # a fresh queue: it starts out deferring
+    failures = []
+    count = [0]
+
+    def one_round(rank0_waits, rank0_issues=1):
+        """Rank 0 issues its op(s) and waits for them with `rank0_waits` (None: not at all before a
+        gloo barrier that rank 1 reaches only after its own wait() returned). Returns how long
+        rank 1's wait() took, which is how long rank 0's op took to start."""
+        count[0] += 1
+        ts = [torch.full((64,), float(r + 1)) for _ in range(rank0_issues)]
+        took = None
+        if r == 0:
+            works = [dist.all_reduce(t, group=g, async_op=True) for t in ts]
+            if rank0_waits is not None:
+                for w in works:
+                    rank0_waits(w)
+            dist.barrier(group=ctx.gloo)
+            for w in works:
+                w.wait()
+        else:
+            works = [dist.all_reduce(t, group=g, async_op=True) for t in ts]
+            t0 = time.monotonic()
+            for w in works:
+                w.wait()
+            took = time.monotonic() - t0
+            dist.barrier(group=ctx.gloo)
+        for t in ts:
+            if not torch.equal(t, torch.full((64,), 3.0)):
+                failures.append(f"rank {r}: round {count[0]}: wrong sum {t[0].item()}")
+        return took
+
+    def prompt_again():
+        t = torch.ones(64)
+        for _ in range(8):
+            dist.all_reduce(t, group=g, async_op=True).wait()
+
+    # Never waited for: only the progress thread can start rank 0's op, once the delay has passed.
+    took = one_round(None)
+    if r == 1 and took < 0.5 * _DELAY_S:
+        failures.append(f"an op its caller did not wait for started after {took:.3f} s, not deferred")
+    # That caller overlaps its ops with its work: its next op goes to the thread at once.
+    took = one_round(None)
+    if r == 1 and took > 0.5 * _DELAY_S:
+        failures.append(f"after a deferred op ran late, the next one still waited {took:.3f} s")
+    # Prompt waits make the group defer again; a future asked for, a wait with a timeout and a
+    # second op queued behind each start a deferred op at once.
+    cases = [
+        ("its future waited for", lambda w: w.get_future().wait(), 1),
+        ("a wait with a timeout", lambda w: w.wait(timeout=datetime.timedelta(seconds=30)), 1),
+        ("a second op queued behind it", None, 2),
+    ]
+    for name, waits, issues in cases:
+        prompt_again()
+        took = one_round(waits, issues)
+        if r == 1 and took > 0.5 * _DELAY_S:
+            failures.append(f"a deferred op whose caller did this: {name}: started after {took:.3f} s")
+    dist.destroy_process_group(g)
+    return failures, {}
+
+
+def test_a_deferred_async_op_starts_when_its_caller_does_not_run_it(ranks, backend):
+    if backend != "ringreduce":
+        pytest.skip("ringreduce's call path")
+    env = {"RINGREDUCE_ASYNC_START_US": str(int(_DELAY_S * 1e6))}
+    harness.check_results(ranks(2, env=env).run(_rank_deferred, timeout=120))

@@ -89,14 +89,14 @@ AGREED = {"RINGREDUCE_SLICE_BYTES": "4K", "RINGREDUCE_SLOTS": "3", "RINGREDUCE_S
           "RINGREDUCE_CHECK_FINGERPRINTS": "0", "RINGREDUCE_CUDA_SLICE_BYTES": "64K",
           "RINGREDUCE_CUDA_TRANSPORT": "staged", "RINGREDUCE_ALGO": "ring",
           "RINGREDUCE_WINDOW_BYTES": "0", "RINGREDUCE_FAKE_HOSTS": "0", "RINGREDUCE_STREAM": "stream",
-          "RINGREDUCE_STREAM_BYTES": "1M"}
+          "RINGREDUCE_STREAM_BYTES": "1M", "RINGREDUCE_ASYNC_START_US": "13"}
 
 
 def _rank_config(ctx):
     import torch
     b = ctx.group._get_backend(torch.device("cpu"))
     return (b.slice_bytes, b.slots, b.spin_us, b.transport, b.tcp_sockets, b.check_fingerprints,
-            b.algorithm("allreduce", 64), b.stream, b.stream_bytes)
+            b.algorithm("allreduce", 64), b.stream, b.stream_bytes, b.async_start_us)
 
 
 def test_every_agreed_knob_travels_through_the_store(ranks, standin):
@@ -106,7 +106,8 @@ def test_every_agreed_knob_travels_through_the_store(ranks, standin):
         pytest.skip("ringreduce's knobs")
     assert set(AGREED) == {n for n, k in _knob_table().items() if k["scope"] == "agreed"}
     out = ranks(2, env=AGREED).run(_rank_config, timeout=60)
-    assert list(out[0]) == list(out[1]) == [4096, 3, 7, "tcp", 3, False, "ring", "stream", 1 << 20], out
+    assert list(out[0]) == list(out[1]) == [4096, 3, 7, "tcp", 3, False, "ring", "stream", 1 << 20,
+                                            13], out
 
 
 def _knob_table():

@@ -165,7 +165,8 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const cha
   // completed. In larger groups it never runs at its call: the caller may go on to ops of other
   // groups, in an order that differs from rank to rank (torch allows that), and an op run here
   // would block it until the peers reach this group's op, which they may do only after this rank
-  // has reached theirs. Its wait() runs it instead, if the progress thread has not started it.
+  // has reached theirs. Its wait() runs it instead, if the progress thread has not started it
+  // (and the progress thread is not even woken for it while the group's callers wait promptly).
   const bool inline_ok = !on_cuda && (!async_op || size_ == 1);
   if (inline_ok && queue_.try_claim()) {
     lock.unlock();
@@ -174,7 +175,8 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const cha
   }
   if (!on_cuda) work->run_on_wait();
   try {
-    queue_.push(work, std::function<void()>(std::move(task)));
+    // An async host op may wait for its wait() to run it (see OpQueue::push).
+    queue_.push(work, std::function<void()>(std::move(task)), /*deferrable=*/async_op && !on_cuda);
   } catch (...) {
     --next_seq_;  // never issued: later ops keep the numbers the other ranks give them
     flight_->withdraw(seq);

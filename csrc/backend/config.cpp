@@ -143,6 +143,12 @@ void set_yield(Config& c, const char* var, const char* v) {
   c.yield = std::chrono::microseconds(us);
 }
 
+void set_async_start(Config& c, const char* var, const char* v) {
+  const uint64_t us = parse_uint(var, v);
+  RR_CHECK(us <= 1000000, "ringreduce: ", var, "=", v, " must be at most 1000000");
+  c.async_start = std::chrono::microseconds(us);
+}
+
 void set_algo(Config& c, const char* var, const char* v) { c.algo = parse_algo(v, var); }
 
 void set_window_bytes(Config& c, const char* var, const char* v) {

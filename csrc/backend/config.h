@@ -29,6 +29,9 @@ struct Config {
   std::chrono::microseconds spin{50};
   // Then how long it yields its CPU before it sleeps: see default_yield().
   std::chrono::microseconds yield{0};
+  // How long an async host op waits for its wait() to run it before the progress thread starts
+  // it (OpQueue::push); 0 starts it at once.
+  std::chrono::microseconds async_start{1000};
   // Which transports carry the ring: by probe (auto), shared memory only, or TCP only
   // (RINGREDUCE_TRANSPORT).
   TransportMode transport = TransportMode::Auto;

@@ -53,6 +53,8 @@ struct Knob {
     "how long a waiting rank spins before it sleeps on a futex, in microseconds")                    \
   X(yield, "RINGREDUCE_YIELD_US", Count, "0; 2000 with more ranks than CPUs",                         \
     "then how long it yields its CPU before it sleeps, in microseconds")                             \
+  X(async_start, "RINGREDUCE_ASYNC_START_US", Count, "1000",                                          \
+    "how long an async op is left for its wait() to run before the progress thread starts it")      \
   X(transport, "RINGREDUCE_TRANSPORT", Choice, "auto",                                                \
     "auto (shared memory within a host, TCP between hosts), shm or tcp")                             \
   X(tcp_sockets, "RINGREDUCE_TCP_SOCKETS", Count, "2", "TCP connections per pair of ranks (1 to 16)") \

@@ -128,6 +128,7 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     flight_dir_ = FlightRecorder::default_dir();
     // A rank that is not in an op when a peer aborts the group (the rank the others timed out
     // waiting for, typically) dumps too, so that the reader sees every rank's last ops.
+    queue_.set_start_delay(config_.async_start);
     queue_.set_idle([this] {
       if (flight_->dumped()) return;
       const std::string why = links_->transport().abort_reason();

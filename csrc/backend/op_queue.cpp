@@ -1,5 +1,14 @@
 #include "backend/op_queue.h"
 
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/timerfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
@@ -8,6 +17,90 @@
 namespace ringreduce {
 
 namespace {
+
+// A wait() this soon after its op's call counts as prompt, and this many in a row make the queue
+// prompt again (see OpQueue::push). Generous beside the 1-5 us a waiting caller takes, so that a
+// caller the scheduler held up for a moment still counts.
+constexpr std::chrono::microseconds kPromptGap{50};
+constexpr int kPromptStreak = 4;
+
+}  // namespace
+
+QueueState::QueueState() {
+  bell_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  RR_CHECK(bell_fd >= 0, "ringreduce: eventfd for the op queue failed: ", std::strerror(errno));
+  timer_fd = ::timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
+  if (timer_fd < 0) {
+    const int e = errno;
+    ::close(bell_fd);
+    RR_CHECK(false, "ringreduce: timerfd for the op queue failed: ", std::strerror(e));
+  }
+}
+
+QueueState::~QueueState() {
+  ::close(bell_fd);
+  ::close(timer_fd);
+}
+
+void QueueState::ring() {
+  const uint64_t one = 1;
+  // Only EAGAIN can fail it: the counter is full, and a wake-up is pending anyway.
+  [[maybe_unused]] const ssize_t n = ::write(bell_fd, &one, sizeof(one));
+}
+
+namespace {
+
+// Under `mu`: the timer fires `after` from now. It is armed at most once per delay and never
+// disarmed: setting a timer costs microseconds in a VM (a short one reprograms the CPU's timer,
+// a trap to the hypervisor), as much as the hand-off that deferring saves, so an op run by its
+// waiter leaves it armed, and a firing that finds nothing due only puts the thread back to sleep.
+void arm_timer(QueueState& st, std::chrono::nanoseconds after) {
+  itimerspec t{};
+  const int64_t ns = std::max<int64_t>(after.count(), 1000);
+  t.it_value.tv_sec = static_cast<time_t>(ns / 1000000000);
+  t.it_value.tv_nsec = static_cast<long>(ns % 1000000000);
+  if (::timerfd_settime(st.timer_fd, 0, &t, nullptr) == 0) {
+    st.timer_armed = true;
+  } else {
+    // No timer: nothing may be left waiting on one; the thread looks at the queue now.
+    if (!st.tasks.empty()) st.tasks.front().deferred_at = {};
+    st.ring();
+  }
+}
+
+// Sleeps until the bell rings, the timer fires or `at_most` passes; false if it timed out.
+bool sleep_for_ops(QueueState& st, std::chrono::milliseconds at_most) {
+  pollfd fds[2] = {{st.bell_fd, POLLIN, 0}, {st.timer_fd, POLLIN, 0}};
+  const int n = ::poll(fds, 2, static_cast<int>(at_most.count()));
+  if (n <= 0) return n < 0;  // timed out (EINTR: the caller looks at the queue again)
+  uint64_t count;
+  if (fds[0].revents & POLLIN) {
+    [[maybe_unused]] const ssize_t r = ::read(st.bell_fd, &count, sizeof(count));
+  }
+  if (fds[1].revents & POLLIN) {
+    [[maybe_unused]] const ssize_t r = ::read(st.timer_fd, &count, sizeof(count));
+    std::lock_guard<std::mutex> lock(st.mu);
+    st.timer_armed = false;
+  }
+  return true;
+}
+
+// Under `mu`, on the progress thread: whether the queue's front op may start. A deferred one
+// whose delay has passed starts, and its caller is no longer taken for a prompt one; one whose
+// delay has not passed keeps the timer armed for the rest.
+bool front_may_start(QueueState& st) {
+  QueueState::Task& front = st.tasks.front();
+  if (front.deferred_at == QueueState::Clock::time_point{}) return true;
+  const auto age = QueueState::Clock::now() - front.deferred_at;
+  if (age >= st.start_delay) {
+    front.deferred_at = {};
+    st.prompt = false;
+    st.prompt_streak = 0;
+    return true;
+  }
+  if (!st.timer_armed) arm_timer(st, st.start_delay - age);
+  return false;
+}
 
 // Runs body, ends the claim, then completes the Work: its future's callbacks may issue further
 // ops on this group, which must then find the queue free.
@@ -19,16 +112,20 @@ void run_and_complete(QueueState& st, const c10::intrusive_ptr<RingWork>& work,
   } catch (...) {
     error = as_dist_error(std::current_exception());
   }
-  bool wake;
+  bool ring, wake;
   {
     std::lock_guard<std::mutex> lock(st.mu);
     st.running = false;
     // Only when somebody can go on: a wake-up of the idle progress thread after every inline op
     // would cost a context switch per op on a core the ranks need (on 2 cores, about a third of
     // a small all-reduce's time).
-    wake = st.stopping || !st.tasks.empty() || st.idle_waiters > 0;
+    ring = st.stopping || !st.tasks.empty();
+    wake = ring || st.idle_waiters > 0;
   }
-  if (wake) st.cv.notify_all();  // ops that arrived meanwhile may run now
+  // Ops that arrived meanwhile may run now: on the progress thread, or on a thread waiting for
+  // `running` to drop (run_queued_here_until).
+  if (ring) st.ring();
+  if (wake) st.cv.notify_all();
   work->complete(error);
 }
 
@@ -48,9 +145,14 @@ void loop(const std::shared_ptr<QueueState>& st) {
     QueueState::Task task;
     {
       std::unique_lock<std::mutex> lock(st->mu);
-      auto ready = [&] { return !st->running && (st->stopping || !st->tasks.empty()); };
-      while (!st->cv.wait_for(lock, kIdlePoll, ready)) {
-        if (st->idle && !st->running) st->idle();
+      auto ready = [&] {
+        return !st->running && (st->stopping || (!st->tasks.empty() && front_may_start(*st)));
+      };
+      while (!ready()) {
+        lock.unlock();
+        const bool woken = sleep_for_ops(*st, kIdlePoll);
+        lock.lock();
+        if (!woken && st->idle && !st->running) st->idle();
       }
       if (st->tasks.empty()) return;  // stopping, nothing left
       task = std::move(st->tasks.front());
@@ -94,14 +196,53 @@ void OpQueue::set_idle(std::function<void()> fn) {
   st_->idle = std::move(fn);
 }
 
-void OpQueue::push(c10::intrusive_ptr<RingWork> work, std::function<void()> body) {
+void start_now(QueueState& st, const RingWork& work) {
+  {
+    std::lock_guard<std::mutex> lock(st.mu);
+    if (st.tasks.empty() || st.tasks.front().work.get() != &work) return;
+    if (st.tasks.front().deferred_at == QueueState::Clock::time_point{}) return;
+    st.tasks.front().deferred_at = {};
+  }
+  st.ring();
+}
+
+void note_wait(QueueState& st, QueueState::Clock::time_point pushed_at) {
+  const bool soon = QueueState::Clock::now() - pushed_at < kPromptGap;
+  std::lock_guard<std::mutex> lock(st.mu);
+  if (!soon) {
+    st.prompt_streak = 0;
+  } else if (++st.prompt_streak >= kPromptStreak) {
+    st.prompt = true;
+  }
+}
+
+void OpQueue::set_start_delay(std::chrono::microseconds d) {
+  std::lock_guard<std::mutex> lock(st_->mu);
+  st_->start_delay = d;
+}
+
+void OpQueue::push(c10::intrusive_ptr<RingWork> work, std::function<void()> body, bool deferrable) {
+  bool wake = false;
   {
     std::lock_guard<std::mutex> lock(st_->mu);
     RR_CHECK(!st_->stopping, "ringreduce ", work->op_name(), " #", work->seq(),
              ": the process group has been shut down");
+    const bool idle = !st_->running && st_->tasks.empty();
+    const bool defer = deferrable && idle && st_->prompt && st_->start_delay.count() > 0;
+    if (deferrable && !defer) work->set_pushed_at(QueueState::Clock::now());  // for note_wait
     st_->tasks.push_back(QueueState::Task{std::move(work), std::move(body)});
+    if (st_->running) {
+      // The running op's end starts this one (run_and_complete, or the thread's own loop).
+    } else if (defer) {
+      st_->tasks.back().deferred_at = QueueState::Clock::now();
+      if (!st_->timer_armed) arm_timer(*st_, st_->start_delay);
+    } else {
+      // Queued behind a deferred op, its caller issues several before it waits: both start now.
+      st_->tasks.front().deferred_at = {};
+      wake = true;
+    }
   }
-  st_->cv.notify_one();
+  if (wake) st_->ring();
 }
 
 bool OpQueue::try_claim() {
@@ -127,6 +268,7 @@ void OpQueue::drain() {
     std::lock_guard<std::mutex> lock(st_->mu);
     st_->stopping = true;
   }
+  st_->ring();
   st_->cv.notify_all();
   join();
 }
@@ -138,6 +280,7 @@ void OpQueue::cancel(const std::string& why) {
     st_->stopping = true;
     orphans.swap(st_->tasks);
   }
+  st_->ring();
   st_->cv.notify_all();
   fail_all(orphans, why);
   join();

@@ -25,9 +25,12 @@ namespace ringreduce {
 // group destroyed from one of its own future callbacks is destroyed on that thread, which cannot
 // join itself, so the thread finishes the callback and exits touching nothing but this.
 struct QueueState {
+  using Clock = std::chrono::steady_clock;
   struct Task {
     c10::intrusive_ptr<RingWork> work;
     std::function<void()> body;
+    // Set while the op is deferred (OpQueue::push): left for its wait() to run since then.
+    Clock::time_point deferred_at{};
   };
   std::mutex mu;
   std::condition_variable cv;
@@ -36,10 +39,36 @@ struct QueueState {
   bool stopping = false;  // no more pushes; the thread exits once `tasks` is empty
   int idle_waiters = 0;   // threads waiting for `running` to drop, whatever is queued
   std::thread::id thread_id;
+  // The progress thread sleeps on these two, not on `cv` (which wakes the other waiters): the
+  // bell is rung for queued ops to run now; the timer wakes it to start a deferred op whose
+  // caller has not waited for it. Both are the state's: the thread may outlive the OpQueue.
+  int bell_fd = -1;
+  int timer_fd = -1;
+  bool timer_armed = false;  // set when armed, cleared when the thread reads its expiry
+  // How long a deferred op is left for its wait() (RINGREDUCE_ASYNC_START_US; 0: never deferred).
+  std::chrono::microseconds start_delay{1000};
+  // The caller waits for its async ops right after the call (see OpQueue::push): learned from
+  // the last ops, and dropped when a deferred op's caller did not wait for it in time.
+  bool prompt = true;
+  int prompt_streak = 0;
   // Called (under `mu`) about every kIdlePoll while the thread has nothing to run: the group
   // looks there for an abort raised by a peer while this rank was not in an op.
   std::function<void()> idle;
+
+  QueueState();
+  ~QueueState();
+  QueueState(const QueueState&) = delete;
+  QueueState& operator=(const QueueState&) = delete;
+  // Wakes the progress thread. Needs no lock: the bell counts, so no ring is lost.
+  void ring();
 };
+
+// A waiter that will not run a deferred op itself (a wait with a timeout, a future's): the progress
+// thread starts it now.
+void start_now(QueueState& st, const RingWork& work);
+// A wait() without a timeout reached an async op pushed at `pushed_at` (while the queue was not
+// prompt): how soon it came after the call teaches the queue whether to defer the next ones.
+void note_wait(QueueState& st, QueueState::Clock::time_point pushed_at);
 
 constexpr std::chrono::milliseconds kIdlePoll{100};
 
@@ -56,7 +85,18 @@ class OpQueue {
 
   // Runs `body` on the progress thread after everything queued before it, then completes `work`
   // with its outcome. Throws if the queue was shut down.
-  void push(c10::intrusive_ptr<RingWork> work, std::function<void()> body);
+  //
+  // `deferrable`: an async host op, which its wait() runs if it has not started
+  // (RingWork::run_on_wait). Waking the progress thread for it and then waiting for that thread
+  // costs about as much as a small op itself, and most callers wait right after the call
+  // (`all_reduce(..., async_op=True).wait()`, the functional collectives' wait_tensor). So while the
+  // queue has seen its async ops waited for promptly, one pushed onto an idle queue is deferred:
+  // the thread is not woken, and the caller's wait() runs it. It starts on the thread all the
+  // same when a second op is queued behind it, when its future is asked for, at a wait() with a
+  // timeout, or, if none of these comes, after the start delay, by a timer, which also tells the
+  // queue that this caller overlaps its ops with its work: its next ones go to the thread at once.
+  void push(c10::intrusive_ptr<RingWork> work, std::function<void()> body, bool deferrable = false);
+  void set_start_delay(std::chrono::microseconds d);
 
   // For a synchronous op (the caller waits right away) the caller may run it on its own thread,
   // which saves the two thread hand-offs that dominate small ops. try_claim() succeeds when

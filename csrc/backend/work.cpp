@@ -34,6 +34,12 @@ void settle(c10::ivalue::Future& f, const std::vector<at::Tensor>& outputs, std:
 }  // namespace
 
 bool RingWork::wait(std::chrono::milliseconds timeout) {
+  if (timeout == kNoTimeout) {
+    if (const int64_t ns = pushed_at_ns_.exchange(0, std::memory_order_relaxed)) {
+      using Clock = std::chrono::steady_clock;
+      note_wait(*queue_, Clock::time_point(Clock::duration(ns)));
+    }
+  }
   if (std::this_thread::get_id() == progress_thread_) {
     // A future callback waiting for an op of its group: run the queue here rather than wait for
     // the thread we are on.
@@ -46,6 +52,8 @@ bool RingWork::wait(std::chrono::milliseconds timeout) {
     // end at it.
     at::NoGradGuard no_grad;  // as on the progress thread
     run_queued_here_until(*queue_, *this);
+  } else if (run_on_wait_ && !isCompleted()) {
+    start_now(*queue_, *this);  // left to the progress thread: a deferred op starts now
   }
   std::unique_lock<std::mutex> lock(mutex_);
   if (timeout == kNoTimeout) {
@@ -75,7 +83,11 @@ c10::intrusive_ptr<c10::ivalue::Future> RingWork::getFuture() {
     f = future_;
   }
   // Outside the lock: completing runs the future's callbacks, which may call back into this Work.
-  if (settle_here) settle(*f, outputs_, error_);
+  if (settle_here) {
+    settle(*f, outputs_, error_);
+  } else if (run_on_wait_) {
+    start_now(*queue_, *this);  // whoever waits on the future does not run a deferred op
+  }
   return f;
 }
 

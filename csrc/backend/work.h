@@ -43,6 +43,11 @@ class RingWork final : public c10d::Work {
   // A queued host op: a wait() that finds it not started yet runs it (and the ops queued before
   // it) on the waiting thread instead of waking the progress thread for it.
   void run_on_wait() { run_on_wait_ = true; }
+  // When it was queued for the progress thread at once (OpQueue::push): its first wait() tells the
+  // queue how soon after the call its caller waits (note_wait).
+  void set_pushed_at(std::chrono::steady_clock::time_point t) {
+    pushed_at_ns_.store(t.time_since_epoch().count(), std::memory_order_relaxed);
+  }
 
   const char* op_name() const { return op_name_; }
   uint64_t seq() const { return seq_; }
@@ -55,6 +60,7 @@ class RingWork final : public c10d::Work {
   std::shared_ptr<QueueState> queue_;
   std::thread::id progress_thread_;
   bool run_on_wait_ = false;
+  std::atomic<int64_t> pushed_at_ns_{0};  // 0: not set, or its wait() has been noted
   std::atomic<int> source_rank_{-1};
   // The future is made when someone asks for it (DDP, comm hooks, torch.compile's functional
   // collectives do; a plain dist.all_reduce does not): making and completing one is most of what
