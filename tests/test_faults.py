@@ -74,6 +74,23 @@ elif case == "absent" and rank == victim:
             break
         threading.Event().wait(0.1)
     res["dumped"] = os.path.exists(mine)
+elif case == "stop_p2p":
+    # Sends and receives around the ring, each rank to the next: the stopped rank is in the middle
+    # of a pair when it stops.
+    peer_to, peer_from = (rank + 1) % world, (rank - 1) % world
+    try:
+        for i in range(400):
+            send = torch.full((count // 16,), float(rank + i))
+            recv = torch.empty(count // 16)
+            if i == 1:
+                open(os.path.join(out, f"started{rank}"), "w").close()
+            works = [dist.isend(send, peer_to), dist.irecv(recv, peer_from)]
+            for w in works:
+                w.wait()
+        res["error"] = "no send or receive failed"
+    except Exception as e:  # what the test checks
+        res["error"] = str(e)
+        res["t_error"] = time.time()
 else:
     rounds = 12 if case == "stop" else 1
     try:
@@ -329,6 +346,43 @@ def test_a_rank_stopped_past_the_timeout_is_named_as_stopped(tmp_path, backend):
         assert " Timed out " in err and "rank 1 is stopped" in err, why
         assert "did not issue the same ops" not in err, why
     assert "error" in results.get(1, {}), why  # it finds the group aborted when it goes on
+    assert not leaked
+
+
+def test_a_stopped_rank_resumed_in_send_recv_finds_the_group_aborted_at_once(tmp_path, backend):
+    """Its peers timed out waiting for it and aborted the group, keeping their processes: once
+    resumed, the rank's pending send or receive fails with their reason at once, not at its own
+    deadline."""
+    if backend != "ringreduce":
+        pytest.skip("faults of ringreduce's transports")
+    world, timeout_s = 3, 6
+
+    def stop_one(procs):
+        started = tmp_path / "started1"
+        for _ in range(1200):
+            if started.exists():
+                break
+            threading.Event().wait(0.05)
+        procs[1].send_signal(signal.SIGSTOP)
+        # Past the timeout, and until both peers have written their errors.
+        for _ in range(int((timeout_s + 30) / 0.1)):
+            if all((tmp_path / f"rank{r}.json").exists() for r in (0, 2)):
+                break
+            threading.Event().wait(0.1)
+        (tmp_path / "resumed").write_text(repr(time.time()))
+        procs[1].send_signal(signal.SIGCONT)
+
+    results, outputs, leaked = _launch(tmp_path, world, "stop_p2p", "auto", timeout_s,
+                                       on_started=stop_one)
+    why = _explain(results, outputs)
+    for rank in (0, 2):
+        assert " Timed out " in results.get(rank, {}).get("error", ""), why
+    resumed = float((tmp_path / "resumed").read_text())
+    r1 = results.get(1, {})
+    assert "aborted" in r1.get("error", ""), why
+    # Its own deadline was timeout_s after its op began, long before the resume: the wait it
+    # was in ends when it looks at the group, not at a second deadline.
+    assert r1["t_error"] - resumed < timeout_s / 2, why
     assert not leaked
 
 
