@@ -9,6 +9,8 @@ test_faults.py (its ranks are plain processes).
 import io
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from contextlib import redirect_stdout
@@ -18,6 +20,8 @@ import pytest
 
 import harness
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
 WORLD = 3
 
 
@@ -192,3 +196,20 @@ def test_the_default_directory_is_the_extensions(tmp_path, monkeypatch):
     assert flight.default_dir() == str(tmp_path / "ringreduce-flight")
     monkeypatch.delenv("TMPDIR")
     assert flight.default_dir() == "/tmp/ringreduce-flight"
+
+
+@pytest.mark.parametrize("args,rc", [(["--help"], 0), ([], 2)])
+def test_the_command_runs_without_a_runpy_warning(tmp_path, args, rc):
+    """`python -m ringreduce.flight` as a user types it: `import ringreduce` imports
+    ringreduce.flight, so the command must not be that module run a second time as __main__
+    (runpy's "found in sys.modules ... prior to execution" RuntimeWarning)."""
+    env = dict(os.environ, RINGREDUCE_FLIGHT_DIR=str(tmp_path),
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, "-m", "ringreduce.flight", *args], capture_output=True,
+                         text=True, timeout=120, env=env)
+    assert out.returncode == rc, (out.stdout, out.stderr)
+    assert "RuntimeWarning" not in out.stderr and "sys.modules" not in out.stderr, out.stderr
+    if args:
+        assert "usage: python -m ringreduce.flight" in out.stdout, out.stdout
+    else:  # no dumps in the default directory, RINGREDUCE_FLIGHT_DIR
+        assert f"no dumps in {tmp_path}" in out.stderr, out.stderr

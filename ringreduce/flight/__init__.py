@@ -3,6 +3,9 @@
     python -m ringreduce.flight [DIR_OR_FILE ...]     (default: $RINGREDUCE_FLIGHT_DIR, else
                                                        $TMPDIR/ringreduce-flight)
 
+(The command is ``__main__.py`` beside this file: ``import ringreduce`` imports this module, so
+running the module itself as ``__main__`` would load it twice, and runpy warns about that.)
+
 Each rank of a group keeps its last ops (``RINGREDUCE_FLIGHT_RECORDER``, 1000 by default) and
 writes them to ``ringreduce_flight_<group>_rank<r>.json`` when an op of the group first fails, or
 when asked (:func:`dump`). For each group found, this prints:
@@ -164,10 +167,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ringreduce.flight",
                                  description="Reads ringreduce flight-recorder dumps and says which "
                                              "rank is missing which op.")
-    ap.add_argument("paths", nargs="*", help="dump files or directories (default: %(default)s)",
-                    default=[default_dir()])
+    ap.add_argument("paths", nargs="*",
+                    help="dump files or directories (default: $RINGREDUCE_FLIGHT_DIR, else "
+                         "$TMPDIR/ringreduce-flight, else /tmp/ringreduce-flight)")
     ap.add_argument("--json", action="store_true", help="print the findings as JSON")
     args = ap.parse_args(argv)
+    if not args.paths:  # asked of the extension only now, so that --help needs no build
+        args.paths = [default_dir()]
     groups = load(args.paths)
     if not groups:
         print(f"ringreduce.flight: no dumps in {', '.join(args.paths)}", file=sys.stderr)
@@ -183,7 +189,3 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
     return 1 if any_problem else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
