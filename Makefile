@@ -3,8 +3,9 @@
 #   make bench    set up .venv, build, print the all-reduce bandwidth table (ringreduce beside gloo)
 #   make test     set up .venv, build, run the C++ core tests (plain, ASan/UBSan, TSan) and pytest
 #                 (then the collective suites again over the TCP transport)
-#   make bench-peers  set up .venv-peers (OpenMPI's mpi4py, DeepSpeed), then time all-reduce for
-#                 ringreduce, gloo, OpenMPI and DeepSpeed's shared-memory all-reduce in one run
+#   make bench-peers  set up .venv-peers (OpenMPI's mpi4py, DeepSpeed) and .venv-intel (Intel MPI,
+#                 oneCCL), then time all-reduce for ringreduce (dist.all_reduce and its direct op),
+#                 gloo, OpenMPI, Intel MPI, oneCCL and DeepSpeed's shared-memory all-reduce in one run
 #   make test-torch-suite  torch's own DistributedTest suite on ringreduce and on gloo, compared
 #                 (about an hour on 2 cores; `make test` runs a part of it)
 #
@@ -100,9 +101,40 @@ $(PEERS_STAMP):
 	rm -f $(PEERS_VENV)/.deps-torch-*
 	touch $@
 
-# ringreduce and gloo run under .venv's python; the script launches the peers with .venv-peers'.
-bench-peers: $(BUILD_STAMP) $(PEERS_STAMP)
-	$(PY) benchmarks/peers.py --peers-python $(PEERS_PY) $(PEERS_ARGS)
+# Intel MPI and oneCCL get a venv of their own, .venv-intel, not .venv-peers: impi-rt puts its own
+# mpirun, mpiexec, mpicc and libmpi.so.12 into the venv's bin/ and lib/, where they would shadow
+# Open MPI's for whoever activates .venv-peers (whose mpi4py is built against Open MPI). Neither
+# needs torch: benchmarks/peers.py compiles their drivers (benchmarks/peers/*.c, *.cpp) with this
+# venv's mpicc and mpicxx into build/peers on first use. The versions are pinned because the next
+# ones (impi-rt 2021.19, oneccl-cpu 2022.2) need a `libfabric` package that the index lacks.
+# oneccl-cpu's libccl.so.1 needs libccl.so.2 (the same release's plugin loader, which also carries
+# the Intel runtime's memcpy), and its wheel leaves that file out: it is taken from the full oneccl
+# wheel of the same release, downloaded (not installed: that one pulls in the SYCL runtime).
+INTEL_VENV := .venv-intel
+INTEL_PY := $(INTEL_VENV)/bin/python
+IMPI_VERSION := 2021.18.1
+ONECCL_VERSION := 2022.1.2
+INTEL_STAMP := $(INTEL_VENV)/.deps-impi-$(IMPI_VERSION)-oneccl-$(ONECCL_VERSION)
+
+$(INTEL_STAMP):
+	test -x $(INTEL_PY) || $(PYTHON) -m venv $(INTEL_VENV)
+	$(INTEL_PY) -m pip install --quiet "impi-rt==$(IMPI_VERSION)" "impi-devel==$(IMPI_VERSION)" \
+		"oneccl-cpu==$(ONECCL_VERSION)" "oneccl-cpu-devel==$(ONECCL_VERSION)"
+	rm -rf $(INTEL_VENV)/.oneccl-wheel
+	$(INTEL_PY) -m pip download --quiet --no-deps -d $(INTEL_VENV)/.oneccl-wheel "oneccl==$(ONECCL_VERSION)"
+	$(INTEL_PY) -c 'import glob, shutil, sys, zipfile; \
+		z = zipfile.ZipFile(glob.glob(sys.argv[1] + "/oneccl-*.whl")[0]); \
+		src = z.open(next(n for n in z.namelist() if n.endswith("/lib/libccl.so.2"))); \
+		shutil.copyfileobj(src, open(sys.argv[2], "wb")); \
+		print("copied libccl.so.2 from", z.filename)' $(INTEL_VENV)/.oneccl-wheel $(INTEL_VENV)/lib/libccl.so.2
+	rm -rf $(INTEL_VENV)/.oneccl-wheel
+	rm -f $(INTEL_VENV)/.deps-impi-*
+	touch $@
+
+# ringreduce and gloo run under .venv's python; the script launches the peers with .venv-peers'
+# python, and Intel MPI's and oneCCL's drivers under .venv-intel's mpiexec.
+bench-peers: $(BUILD_STAMP) $(PEERS_STAMP) $(INTEL_STAMP)
+	$(PY) benchmarks/peers.py --peers-python $(PEERS_PY) --intel-root $(INTEL_VENV) $(PEERS_ARGS)
 
 clean:
 	rm -rf build ringreduce/_C*.so *.egg-info $(BUILD_STAMP)
