@@ -33,7 +33,8 @@ import ringreduce  # noqa: F401  (registers the backend)
 
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 case, out = os.environ["FAULT_CASE"], os.environ["FAULT_OUT"]
-dist.init_process_group("ringreduce", timeout=timedelta(seconds=float(os.environ["FAULT_TIMEOUT"])))
+timeout_s = float(os.environ.get(f"FAULT_TIMEOUT_RANK{rank}", os.environ["FAULT_TIMEOUT"]))
+dist.init_process_group("ringreduce", timeout=timedelta(seconds=timeout_s))
 res = {"rank": rank, "pid": os.getpid()}
 x = torch.ones(1 << 16)
 dist.all_reduce(x)  # every link is up before the fault
@@ -74,6 +75,19 @@ elif case == "absent" and rank == victim:
             break
         threading.Event().wait(0.1)
     res["dumped"] = os.path.exists(mine)
+elif case == "stop_bcast":
+    # Small broadcasts from rank 0 back to back: the root finishes its part of each and goes on
+    # to the next, so it waits one op ahead of the rank that waits for the stopped one.
+    small = torch.ones(1024)
+    try:
+        for i in range(10 ** 7):
+            if i == 100:
+                open(os.path.join(out, f"started{rank}"), "w").close()
+            dist.broadcast(small, src=0)
+        res["error"] = "no broadcast failed"
+    except Exception as e:  # what the test checks
+        res["error"] = str(e)
+        res["t_error"] = time.time()
 elif case == "stop_p2p":
     # Sends and receives around the ring, each rank to the next: the stopped rank is in the middle
     # of a pair when it stops.
@@ -118,7 +132,8 @@ def _shm_entries():
     return {n for n in os.listdir("/dev/shm") if n.startswith("ringreduce-")}
 
 
-def _launch(tmp_path, world, case, transport, timeout_s, on_started=None, wrap=None):
+def _launch(tmp_path, world, case, transport, timeout_s, on_started=None, wrap=None, timeouts=None):
+    """`timeouts`: {rank: seconds} for ranks whose group timeout differs from `timeout_s`."""
     port = harness.free_port()
     procs = []
     before = _shm_entries()
@@ -128,6 +143,8 @@ def _launch(tmp_path, world, case, transport, timeout_s, on_started=None, wrap=N
                    FAULT_TIMEOUT=str(timeout_s), RINGREDUCE_TRANSPORT=transport,
                    RINGREDUCE_FLIGHT_DIR=str(tmp_path / "flight"),
                    PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        if rank in (timeouts or {}):
+            env[f"FAULT_TIMEOUT_RANK{rank}"] = str(timeouts[rank])
         argv = (wrap or {}).get(rank, []) + [sys.executable, "-c", WORKER]
         procs.append(subprocess.Popen(argv, env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
@@ -346,6 +363,39 @@ def test_a_rank_stopped_past_the_timeout_is_named_as_stopped(tmp_path, backend):
         assert " Timed out " in err and "rank 1 is stopped" in err, why
         assert "did not issue the same ops" not in err, why
     assert "error" in results.get(1, {}), why  # it finds the group aborted when it goes on
+    assert not leaked
+
+
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_the_timeout_follows_the_chain_of_waits_to_the_stopped_rank(tmp_path, backend, transport):
+    """World 3, broadcasts from rank 0, rank 1 stopped: rank 2 waits for rank 1 in one broadcast
+    while the root, one broadcast ahead, waits for rank 2. The root's timeout (rank 2's is longer,
+    so the root's comes first) follows rank 2 back into the broadcast it is in and names rank 1,
+    over TCP as over shared memory."""
+    if backend != "ringreduce":
+        pytest.skip("faults of ringreduce's transports")
+    world, timeout_s = 3, 4
+
+    def stop_one(procs):
+        started = tmp_path / "started1"
+        for _ in range(1200):
+            if started.exists():
+                break
+            threading.Event().wait(0.05)
+        procs[1].send_signal(signal.SIGSTOP)
+        threading.Event().wait(timeout_s + 4)
+        procs[1].send_signal(signal.SIGCONT)
+
+    results, outputs, leaked = _launch(tmp_path, world, "stop_bcast", transport, timeout_s,
+                                       on_started=stop_one, timeouts={2: 3 * timeout_s})
+    why = _explain(results, outputs)
+    err = results.get(0, {}).get("error", "")
+    assert err.startswith("ringreduce broadcast #") and " Timed out " in err, why
+    # Over shared memory the stopped process is seen in /proc; over TCP it does not answer the
+    # state query.
+    assert "rank 1 is stopped" in err or "the state of rank 1 is unknown" in err, why
+    assert "has not arrived" not in err, why
+    assert "rank 1" in results.get(2, {}).get("error", ""), why
     assert not leaked
 
 

@@ -47,6 +47,14 @@ std::string follow_waits(Transport& view, int peer, const OpContext& op) {
     }
     const uint64_t at = s.op_seq;
     const std::string which = seq == op.seq ? std::string("this op") : detail::cat("op #", seq);
+    // One op behind and waiting there is no absence either: the rank at hand finished its part of
+    // op k-1 (a broadcast's root, say) and went on, while this one still waits in op k-1 for
+    // another. Follow it there.
+    if (at == seq && seq > 0 && s.blocked_on >= 0 && s.blocked_on != self && s.blocked_on < size) {
+      seq = at - 1;
+      p = s.blocked_on;
+      continue;
+    }
     if (at < seq + 1) {
       return at == 0 ? detail::cat("rank ", p, " has not arrived at ", which, " (it has run no op yet)")
                      : detail::cat("rank ", p, " has not arrived at ", which,
