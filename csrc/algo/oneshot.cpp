@@ -23,10 +23,13 @@ uint8_t* exchange(const Call& c, Fill&& fill) {
 }  // namespace
 
 void reduce_chunk(const Call& c, void* dst, int chunk, size_t offset, size_t len, DType t,
-                  RedOp op, int64_t divisor) {
+                  RedOp op, int64_t divisor, const uint8_t* own) {
   if (len == 0) return;
   std::vector<const void*> src(static_cast<size_t>(c.size));
-  for (int k = 0; k < c.size; ++k) src[k] = c.w.buffer((chunk + 1 + k) % c.size) + offset;
+  for (int k = 0; k < c.size; ++k) {
+    const int r = (chunk + 1 + k) % c.size;
+    src[k] = (r == c.rank && own != nullptr ? own : c.w.buffer(r)) + offset;
+  }
   reduce_many(dst, src.data(), c.size, len, t, op, divisor);
 }
 

@@ -52,8 +52,9 @@ void reduce(const Call& c, const void* in, void* out, size_t count, DType t, Red
 void barrier(const Call& c);
 
 // For two-shot: the reduction of the ring's chunk `chunk` (`len` elements at byte `offset` of
-// every buffer) into dst, in the ring's order.
+// every buffer) into dst, in the ring's order. With `own`, this rank's contribution is read from
+// there (at the same offset) instead of from its buffer.
 void reduce_chunk(const Call& c, void* dst, int chunk, size_t offset, size_t len, DType t,
-                  RedOp op, int64_t divisor);
+                  RedOp op, int64_t divisor, const uint8_t* own = nullptr);
 
 }  // namespace ringreduce::oneshot

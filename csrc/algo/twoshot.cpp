@@ -13,21 +13,26 @@ void allreduce(const oneshot::Call& c, const void* in, void* out_ptr, size_t cou
   auto lo = [&](int r) { return std::min(count, static_cast<size_t>(r) * chunk); };
   auto len = [&](int r) { return std::min(count - lo(r), chunk); };
 
+  // The peers read the other chunks of this rank's input from its buffer; its own chunk it reads
+  // from the input itself, so that part is not copied (half the copy at world 2).
+  const auto* src = static_cast<const uint8_t*>(in);
+  const size_t own = lo(c.rank) * es;
+  const size_t own_end = own + len(c.rank) * es;
   uint8_t* mine = c.w.begin(c.fp, c.ctx);
-  copy(mine, in, count * es, c.stream);
+  copy(mine, src, own, c.stream);
+  copy(mine + own_end, src + own_end, count * es - own_end, c.stream);
   c.w.publish();
   c.w.wait_all(c.ctx, c.dl);
 
   // Chunk r, reduced into this rank's own buffer: nobody else reads it before the next phase.
-  // Streamed, it is reduced into the output first (the input is in the buffer by now, so the
-  // output may be the input) and streamed from there into the buffer.
+  // Streamed, it is reduced into the output first (where the output is the input, each element
+  // is read before it is written) and streamed from there into the buffer.
   auto* out = static_cast<uint8_t*>(out_ptr);
-  const size_t own = lo(c.rank) * es;
   if (c.stream) {
-    oneshot::reduce_chunk(c, out + own, c.rank, own, len(c.rank), t, op, divisor);
+    oneshot::reduce_chunk(c, out + own, c.rank, own, len(c.rank), t, op, divisor, src);
     copy(mine + own, out + own, len(c.rank) * es, true);
   } else {
-    oneshot::reduce_chunk(c, mine + own, c.rank, own, len(c.rank), t, op, divisor);
+    oneshot::reduce_chunk(c, mine + own, c.rank, own, len(c.rank), t, op, divisor, src);
   }
   c.w.publish();
   c.w.wait_all(c.ctx, c.dl);

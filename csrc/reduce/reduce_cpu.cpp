@@ -668,7 +668,11 @@ void reduce_many(void* dst, const void* const* src, int m, size_t n, DType t, Re
   with_kind_and_op(t, op, "reduce_many", [&](auto kind, auto op_tag) {
     using K = decltype(kind);
     using Op = decltype(op_tag);
-    if (divisor == 1) {
+    if (divisor == 1 && m == 2) {
+      // One pass, dst = src[0] op src[1], with the same rounding as the staged fold: two ranks'
+      // one-shot and two-shot reductions, which read one source from another core's cache.
+      run_reduce<K, Op>(dst, src[0], src[1], n);
+    } else if (divisor == 1) {
       run_reduce_many<K, Op>(dst, src, m, n, Identity{});
     } else {
       with_divider<K>(divisor, [&](auto f) { run_reduce_many<K, Op>(dst, src, m, n, f); });
