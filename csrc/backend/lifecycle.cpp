@@ -204,8 +204,15 @@ void RingBackend::dump_on_failure(const std::string& reason) {
   try {
     const std::string path = flight_->dump_once(flight_dir_, reason);
     if (!path.empty()) {
+      // The whole reason is in the dump and in the error the op raises: a long one is cut here at
+      // a word, and says so.
+      std::string shown = reason;
+      if (shown.size() > 200) {
+        const size_t cut = shown.rfind(' ', 200);
+        shown = shown.substr(0, cut == std::string::npos || cut < 100 ? 200 : cut) + " ...";
+      }
       std::fprintf(stderr, "[ringreduce] rank %d: flight recorder dumped to %s (%s)\n", rank_,
-                   path.c_str(), reason.substr(0, 200).c_str());
+                   path.c_str(), shown.c_str());
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "[ringreduce] rank %d: could not dump the flight recorder: %s\n", rank_,
