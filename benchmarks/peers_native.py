@@ -45,11 +45,13 @@ PACKAGES = {"impi": "impi_rt", "ccl": "oneccl_cpu"}
 IMPI_SETTINGS = {"I_MPI_FABRICS": "shm", "I_MPI_PIN": "0"}
 # oneCCL's default runs each operation on a worker thread of its own (CCL_WORKER_OFFLOAD=1,
 # CCL_WORKER_COUNT=1), pinned to a core of its choosing (CCL_LOG_LEVEL=info shows "worker: 0,
-# cpu: 1" for both ranks of 2 on 2 cores), while the calling thread waits for it. That is two
-# threads per rank, and on a machine with as many cores as ranks every hand-off between them
-# waits for the scheduler: 15-40 ms per all-reduce at 8 KiB to 1 MiB, 2 ranks on 2 cores, against
-# 12-470 us without it (docs/benchmark.md). CCL_WORKER_OFFLOAD=0 runs the operation on the
-# calling thread, one thread per rank as every other column has.
+# cpu: 1" for both ranks of 2 on 2 cores), while the calling thread waits for it: two threads per
+# rank. With as many cores as ranks that made every all-reduce take 12-80 ms from 8 KiB to 1 MiB
+# (world 2, 2 cores; 10-20 ms with the workers pinned apart, CCL_WORKER_AFFINITY=0,1), against
+# 8-16 us at 8 KiB and 107-117 us at 1 MiB with CCL_WORKER_OFFLOAD=0, which runs the operation on
+# the calling thread: one thread per rank, as every other column has. Its algorithm and transport
+# stay oneCCL's own: none of CCL_ALLREDUCE=direct|ring|rabenseifner|recursive_doubling|2d or
+# CCL_ATL_TRANSPORT=ofi was faster (docs/results.md).
 CCL_SETTINGS = {"CCL_WORKER_OFFLOAD": "0"}
 ENV_PREFIXES = ("I_MPI_", "CCL_", "FI_")
 
