@@ -268,8 +268,9 @@ def _torch_worker(backend: str, dtype: str, sizes: list[int], seconds: float) ->
 
         dist.init_process_group("ringreduce")
         if not hasattr(ringreduce, "all_reduce_"):
+            rank = dist.get_rank()
             dist.destroy_process_group()
-            return dist.get_rank(), {"unavailable": "this ringreduce has no direct op (ringreduce.all_reduce_)"}
+            return rank, {"unavailable": "this ringreduce has no direct op (ringreduce.all_reduce_)"}
         # The op's Python wrapper, as a user calls it: sum, the default group.
         comm, _ = _torch_comm(tdtype, ringreduce.all_reduce_)
     else:
