@@ -168,6 +168,21 @@ def _launch(tmp_path, world, case, transport, timeout_s, on_started=None, wrap=N
     return results, outputs, leaked
 
 
+def _stop_rank1(tmp_path, while_stopped):
+    """An on_started for _launch: once rank 1 has written its "started" file, stop it (SIGSTOP),
+    call while_stopped(), then resume it (SIGCONT)."""
+    def stop_one(procs):
+        started = tmp_path / "started1"
+        for _ in range(1200):
+            if started.exists():
+                break
+            threading.Event().wait(0.05)
+        procs[1].send_signal(signal.SIGSTOP)
+        while_stopped()
+        procs[1].send_signal(signal.SIGCONT)
+    return stop_one
+
+
 def _explain(results, outputs):
     return "\n".join([json.dumps(results, indent=1)] + [f"--- rank {r} output ---\n{o[-3000:]}"
                                                         for r, o in enumerate(outputs)])
@@ -202,15 +217,8 @@ def test_a_rank_stopped_for_a_while_still_gives_the_right_result(tmp_path, backe
         pytest.skip("faults of ringreduce's transports")
     world = 3
 
-    def stop_one(procs):
-        started = tmp_path / "started1"
-        for _ in range(1200):
-            if started.exists():
-                break
-            threading.Event().wait(0.05)
-        procs[1].send_signal(signal.SIGSTOP)
-        threading.Event().wait(1.5)  # less than the timeout: slow, not dead
-        procs[1].send_signal(signal.SIGCONT)
+    # Less than the timeout: slow, not dead.
+    stop_one = _stop_rank1(tmp_path, lambda: threading.Event().wait(1.5))
 
     results, outputs, leaked = _launch(tmp_path, world, "stop", transport, 30, on_started=stop_one)
     why = _explain(results, outputs)
@@ -346,15 +354,8 @@ def test_a_rank_stopped_past_the_timeout_is_named_as_stopped(tmp_path, backend):
         pytest.skip("faults of ringreduce's transports")
     world, timeout_s = 3, 4
 
-    def stop_one(procs):
-        started = tmp_path / "started1"
-        for _ in range(1200):
-            if started.exists():
-                break
-            threading.Event().wait(0.05)
-        procs[1].send_signal(signal.SIGSTOP)
-        threading.Event().wait(timeout_s + 4)  # past the timeout: the others give up meanwhile
-        procs[1].send_signal(signal.SIGCONT)
+    # Past the timeout: the others give up meanwhile.
+    stop_one = _stop_rank1(tmp_path, lambda: threading.Event().wait(timeout_s + 4))
 
     results, outputs, leaked = _launch(tmp_path, world, "stop", "auto", timeout_s, on_started=stop_one)
     why = _explain(results, outputs)
@@ -376,15 +377,7 @@ def test_the_timeout_follows_the_chain_of_waits_to_the_stopped_rank(tmp_path, ba
         pytest.skip("faults of ringreduce's transports")
     world, timeout_s = 3, 4
 
-    def stop_one(procs):
-        started = tmp_path / "started1"
-        for _ in range(1200):
-            if started.exists():
-                break
-            threading.Event().wait(0.05)
-        procs[1].send_signal(signal.SIGSTOP)
-        threading.Event().wait(timeout_s + 4)
-        procs[1].send_signal(signal.SIGCONT)
+    stop_one = _stop_rank1(tmp_path, lambda: threading.Event().wait(timeout_s + 4))
 
     results, outputs, leaked = _launch(tmp_path, world, "stop_bcast", transport, timeout_s,
                                        on_started=stop_one, timeouts={2: 3 * timeout_s})
@@ -407,20 +400,15 @@ def test_a_stopped_rank_resumed_in_send_recv_finds_the_group_aborted_at_once(tmp
         pytest.skip("faults of ringreduce's transports")
     world, timeout_s = 3, 6
 
-    def stop_one(procs):
-        started = tmp_path / "started1"
-        for _ in range(1200):
-            if started.exists():
-                break
-            threading.Event().wait(0.05)
-        procs[1].send_signal(signal.SIGSTOP)
+    def until_both_failed():
         # Past the timeout, and until both peers have written their errors.
         for _ in range(int((timeout_s + 30) / 0.1)):
             if all((tmp_path / f"rank{r}.json").exists() for r in (0, 2)):
                 break
             threading.Event().wait(0.1)
         (tmp_path / "resumed").write_text(repr(time.time()))
-        procs[1].send_signal(signal.SIGCONT)
+
+    stop_one = _stop_rank1(tmp_path, until_both_failed)
 
     results, outputs, leaked = _launch(tmp_path, world, "stop_p2p", "auto", timeout_s,
                                        on_started=stop_one)
@@ -499,3 +487,71 @@ def test_a_dev_shm_too_small_fails_every_rank_at_once_with_the_size_and_the_fix(
         assert res["t"] < 5, why
     assert any(f"rank {r} failed" in res["error"] for res in results for r in range(world)), why
     assert [x.strip() for x in lines if x.startswith("LEFT:")] == ["LEFT:"], why
+
+
+RESTART_WORKER = r'''
+import json, os, sys
+from datetime import timedelta
+import torch
+import torch.distributed as dist
+import ringreduce  # noqa: F401
+
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+# The launcher's store, which outlives an attempt (as torchrun's agent's does).
+store = dist.TCPStore("127.0.0.1", int(os.environ["STORE_PORT"]), world, is_master=False,
+                      timeout=timedelta(seconds=20))
+dist.init_process_group("ringreduce", store=store, rank=rank, world_size=world,
+                        timeout=timedelta(seconds=20))
+t = torch.full((1000,), float(rank + 1))
+dist.all_reduce(t)
+print(json.dumps({"rank": rank, "sum": t[0].item()}), flush=True)
+dist.barrier()
+dist.destroy_process_group()
+'''
+
+
+def test_a_job_restarted_on_the_same_store_after_a_rank_died_in_set_up_runs(tmp_path, backend):
+    """A launcher that keeps its store across attempts (torchrun's agent does; so may others,
+    without torchrun's TORCHELASTIC_RESTART_COUNT): attempt 1 loses a rank at the very start of
+    the group's set-up, before it has written anything, and the launcher kills the others; attempt 2
+    on the same store must set the group up and run, not wait for keys of the dead attempt."""
+    if backend != "ringreduce":
+        pytest.skip("ringreduce's set-up")
+    import torch.distributed as dist
+
+    world = 3
+    server = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TORCHELASTIC_", "RINGREDUCE_FAILPOINT"))}
+    env.update(WORLD_SIZE=str(world), STORE_PORT=str(server.port),
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+    def start(rank, extra=None):
+        return subprocess.Popen([sys.executable, "-c", RESTART_WORKER],
+                                env=dict(env, RANK=str(rank), **(extra or {})),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    # Attempt 1: rank 2 dies at the start of set-up; the others get into theirs, then the launcher
+    # ends them.
+    first = [start(r, {"RINGREDUCE_FAILPOINT": "setup.start:2"} if r == 2 else None)
+             for r in range(world)]
+    first[2].wait(timeout=120)
+    time.sleep(2.0)
+    for p in first[:2]:
+        p.kill()
+        p.wait()
+    # Attempt 2, on the same store.
+    second = [start(r) for r in range(world)]
+    outputs = []
+    for p in second:
+        try:
+            outputs.append(p.communicate(timeout=90)[0])
+        except subprocess.TimeoutExpired:
+            for q in second:
+                q.kill()
+            pytest.fail("the restarted job hung in set-up on the reused store")
+    why = "\n".join(f"--- rank {r} ---\n{o[-2000:]}" for r, o in enumerate(outputs))
+    for r, (p, out) in enumerate(zip(second, outputs)):
+        assert p.returncode == 0, why
+        line = [ln for ln in out.splitlines() if ln.startswith("{")]
+        assert line and json.loads(line[-1])["sum"] == float(sum(range(1, world + 1))), why

@@ -17,6 +17,7 @@
 #include "backend/store_bootstrap.h"
 #include "backend/tensor_checks.h"
 #include "common/error.h"
+#include "common/failpoint.h"
 #include "common/log.h"
 #include "p2p/p2p.h"
 #include "reduce/reduce.h"
@@ -59,7 +60,8 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     : c10d::Backend(rank, size), timeout_(timeout), store_(store) {
   StoreBootstrap bs(store);
   try {
-    const std::string prefix = incarnation_prefix(bs, size);
+    failpoint("setup.start", rank);
+    const std::string prefix = incarnation_prefix(bs, rank, size, timeout);
     prefix_ = prefix;
     bs.watch(prefix + "setup/failed", size);
     config_ = Config::agree(bs, prefix, rank, size);

@@ -1,7 +1,11 @@
 #include "transport/transport.h"
 
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <random>
 #include <string>
+#include <thread>
 
 #include "common/dtype.h"
 #include "common/error.h"
@@ -77,17 +81,47 @@ std::string follow_waits(Transport& view, int peer, const OpContext& op) {
   return "every rank of the chain is waiting for another";
 }
 
-std::string incarnation_prefix(Bootstrap& bs, int size) {
-  // torchrun's store outlives a failed attempt of the job, and a rank that died inside set-up
-  // drew its number (or did not) there: counting on across attempts would hand the next attempt's
-  // ranks numbers of different incarnations, and they would wait for each other forever. So each
-  // attempt (TORCHELASTIC_RESTART_COUNT, the same on every rank of it) counts its own.
-  const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
-  const std::string attempt = restart != nullptr && *restart != '\0' ? restart : "0";
-  // The n ranks of one incarnation draw n consecutive numbers; a later incarnation only starts
-  // once every rank has left the earlier one, so it draws the next n.
-  const int64_t v = bs.add("ringreduce/incarnation/" + attempt, 1);
-  return "ringreduce/" + attempt + "/" + std::to_string((v - 1) / size) + "/";
+std::string incarnation_prefix(Bootstrap& bs, int rank, int size,
+                               std::chrono::milliseconds timeout) {
+  // A store may outlive a failed attempt of the job (torchrun's agent keeps its TCPStore, and so
+  // may any launcher), and torch gives the new attempt's group the same name: keys the dead
+  // attempt left must not be read, whichever point of set-up its ranks died at. Counting ranks in
+  // (n ranks draw n numbers) cannot tell a dead attempt's partial count from a new one, so rank 0
+  // draws a random id for this incarnation and hands it to each rank in answer to a random nonce
+  // of that rank's own: an answer keyed by a fresh nonce cannot be stale. Rank 0 answers whatever
+  // nonce it finds under a rank's key (a dead attempt's too, harmlessly) until that rank
+  // confirms under the new id.
+  std::random_device rd;
+  auto draw = [&rd] {
+    char id[17];
+    std::snprintf(id, sizeof id, "%08x%08x", rd(), rd());
+    return std::string(id);
+  };
+  const std::string base = "ringreduce/join/";
+  if (rank != 0) {
+    const std::string nonce = draw();
+    bs.set(detail::cat(base, rank), nonce);
+    const std::string id = bs.get(detail::cat(base, rank, "/", nonce));
+    bs.add(detail::cat(base, id, "/", rank), 1);
+    return "ringreduce/" + id + "/";
+  }
+  const std::string id = draw();
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (int r = 1; r < size; ++r) {
+    const std::string joined = detail::cat(base, id, "/", r);
+    auto pause = std::chrono::microseconds(100);
+    for (;;) {
+      const std::string nonce = bs.get(detail::cat(base, r));  // waits until rank r has written
+      bs.set(detail::cat(base, r, "/", nonce), id);
+      if (bs.add(joined, 0) > 0) break;
+      // What it found was a dead attempt's nonce, or rank r has not read the answer yet.
+      RR_CHECK(std::chrono::steady_clock::now() < deadline, "ringreduce: rank 0: rank ", r,
+               " did not join the group's set-up within ", timeout.count(), " ms");
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(10000));
+    }
+  }
+  return "ringreduce/" + id + "/";
 }
 
 std::string describe_op(const MsgHeader& h) {

@@ -210,8 +210,9 @@ class Bootstrap {
 };
 
 // A prefix that is new each time a group is set up on the same store: torch reuses group names
-// after destroy_process_group, so keys left by an earlier incarnation must not be read. Every rank
-// of the group calls this once, at the same point of set-up.
-std::string incarnation_prefix(Bootstrap& bs, int size);
+// after destroy_process_group and across a job's restarts on one store, so keys left by an earlier
+// incarnation (a dead one included) must not be read. Every rank of the group calls this once, at
+// the start of set-up; rank 0 gives up on a rank that has not joined after `timeout`.
+std::string incarnation_prefix(Bootstrap& bs, int rank, int size, std::chrono::milliseconds timeout);
 
 }  // namespace ringreduce

@@ -13,6 +13,9 @@
 
 namespace ringreduce {
 
+// How long rank 0 of a test's group waits for the others to join (incarnation_prefix).
+inline constexpr std::chrono::milliseconds kJoinTimeout{30000};
+
 class MapBootstrap : public Bootstrap {
  public:
   void set(const std::string& k, const std::string& v) override {

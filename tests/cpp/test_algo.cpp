@@ -34,7 +34,7 @@ std::vector<std::string> run_group(int n, Algo algo, const std::function<void(in
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       try {
-        ShmTransport t(bs, incarnation_prefix(bs, n), r, n, cfg);
+        ShmTransport t(bs, incarnation_prefix(bs, r, n, kJoinTimeout), r, n, cfg);
         Ring ring(t, cfg.slot_bytes);
         Collectives coll(ring, t.window(), Selector(n, cfg.window_bytes, algo));
         fn(r, coll);

@@ -32,7 +32,7 @@ std::vector<std::string> run_group(int n, const HostLayout& hosts,
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       try {
-        ShmTransport t(bs, incarnation_prefix(bs, n), r, n, cfg);
+        ShmTransport t(bs, incarnation_prefix(bs, r, n, kJoinTimeout), r, n, cfg);
         Hierarchical h(t, hosts, cfg.slot_bytes, true);
         Ring ring(t, cfg.slot_bytes);
         fn(r, h, ring);

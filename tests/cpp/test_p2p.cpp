@@ -79,7 +79,7 @@ std::vector<std::string> run_group(int n, size_t slot_bytes,
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       try {
-        ShmTransport t(bs, incarnation_prefix(bs, n), r, n, config(slot_bytes));
+        ShmTransport t(bs, incarnation_prefix(bs, r, n, kJoinTimeout), r, n, config(slot_bytes));
         P2p p2p(t, dtype_name);
         fn(r, p2p);
         // Every rank is done before any engine stops (a peer's shutdown refuses what is left).
@@ -246,7 +246,7 @@ RR_TEST(shutdown_fails_what_is_unmatched_and_refuses_peers_sends) {
   std::string err0, err1;
   std::thread t0([&] {
     try {
-      ShmTransport t(bs, incarnation_prefix(bs, 2), 0, 2, config(64));
+      ShmTransport t(bs, incarnation_prefix(bs, 0, 2, kJoinTimeout), 0, 2, config(64));
       P2p p2p(t, dtype_name);
       uint32_t v = 0, w = 0;
       Outcome pending, marker;
@@ -268,7 +268,7 @@ RR_TEST(shutdown_fails_what_is_unmatched_and_refuses_peers_sends) {
   });
   std::thread t1([&] {
     try {
-      ShmTransport t(bs, incarnation_prefix(bs, 2), 1, 2, config(64));
+      ShmTransport t(bs, incarnation_prefix(bs, 1, 2, kJoinTimeout), 1, 2, config(64));
       P2p p2p(t, dtype_name);
       uint32_t v = 1, w = 2;
       Outcome refused, marker;

@@ -48,7 +48,7 @@ std::vector<RankResult> run_group(int n, ShmConfig cfg,
     threads.emplace_back([&, r] {
       const auto start = Clock::now();
       try {
-        ShmTransport t(bs, incarnation_prefix(bs, n), r, n, cfg);
+        ShmTransport t(bs, incarnation_prefix(bs, r, n, kJoinTimeout), r, n, cfg);
         Ring ring(t, cfg.slot_bytes);
         fn(r, ring, t);
       } catch (const TimeoutError& e) {
@@ -487,7 +487,7 @@ RR_TEST(a_group_set_up_again_on_the_same_store_uses_fresh_keys) {
     for (int r = 0; r < 3; ++r) {
       threads.emplace_back([&, r] {
         try {
-          ShmTransport t(bs, incarnation_prefix(bs, 3), r, 3, config(4096, 2));
+          ShmTransport t(bs, incarnation_prefix(bs, r, 3, kJoinTimeout), r, 3, config(4096, 2));
           Ring ring(t, 4096);
           std::vector<int32_t> x(100, r + 1);
           ring.allreduce(x.data(), x.data(), x.size(), DType::Int32, RedOp::Sum, 1, ctx(0),

@@ -134,7 +134,7 @@ RR_TEST(allreduce_over_tcp_alone_and_over_mixed_hops) {
     const int n = static_cast<int>(l.host_of.size());
     MapBootstrap bs;
     const auto errors = run_ranks(n, [&](int r) {
-      RankTransports t = make_transports(bs, incarnation_prefix(bs, n), r, n, l.host_of, 4096, l.sockets);
+      RankTransports t = make_transports(bs, incarnation_prefix(bs, r, n, kJoinTimeout), r, n, l.host_of, 4096, l.sockets);
       Ring ring(*t.routed, 4096);
       uint64_t seq = 0;
       allreduce_checks(ring, r, n, seed, seq);
@@ -177,7 +177,7 @@ RR_TEST(receives_over_tcp_land_in_place_and_only_when_their_header_is_right) {
     MapBootstrap bs;
     std::atomic<int> done_with_good_ops{0};
     const auto errors = run_ranks(n, [&](int r) {
-      RankTransports t = make_transports(bs, incarnation_prefix(bs, n), r, n, l.host_of, slot, l.sockets);
+      RankTransports t = make_transports(bs, incarnation_prefix(bs, r, n, kJoinTimeout), r, n, l.host_of, slot, l.sockets);
       Ring ring(*t.routed, slot);
       const int prev = (r + n - 1) % n;
       const bool tcp_prev = l.host_of[prev] != l.host_of[r];
@@ -266,7 +266,7 @@ RR_TEST(bad_connections_are_dropped_and_the_job_goes_on) {
   std::string listener;
   std::atomic<uint64_t> rejected{0};
   const auto errors = run_ranks(n, [&](int r) {
-    RankTransports t = make_transports(bs, incarnation_prefix(bs, n), r, n, {0, 1}, 4096, 2);
+    RankTransports t = make_transports(bs, incarnation_prefix(bs, r, n, kJoinTimeout), r, n, {0, 1}, 4096, 2);
     Ring ring(*t.routed, 4096);
     uint64_t seq = 0;
     allreduce_checks(ring, r, n, 5, seq);
@@ -321,7 +321,7 @@ RR_TEST(a_peer_that_goes_away_mid_op_fails_the_others_naming_it) {
   MapBootstrap bs;
   std::vector<double> seconds(n, 0);
   const auto errors = run_ranks(n, [&](int r) {
-    RankTransports t = make_transports(bs, incarnation_prefix(bs, n), r, n, {0, 1, 2}, 4096, 1);
+    RankTransports t = make_transports(bs, incarnation_prefix(bs, r, n, kJoinTimeout), r, n, {0, 1, 2}, 4096, 1);
     Ring ring(*t.routed, 4096);
     uint64_t seq = 0;
     allreduce_checks(ring, r, n, 9, seq);
@@ -356,7 +356,7 @@ RR_TEST(an_absent_rank_is_named_by_every_waiting_rank_across_hosts) {
     std::atomic<int> done{0};
     std::vector<double> seconds(n, 0);
     const auto errors = run_ranks(n, [&](int r) {
-      RankTransports t = make_transports(bs, incarnation_prefix(bs, n), r, n, host_of, 4096, 2);
+      RankTransports t = make_transports(bs, incarnation_prefix(bs, r, n, kJoinTimeout), r, n, host_of, 4096, 2);
       Ring ring(*t.routed, 4096);
       uint64_t seq = 0;
       allreduce_checks(ring, r, n, 3, seq);
