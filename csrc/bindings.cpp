@@ -53,6 +53,9 @@ PYBIND11_MODULE(_C, m) {
       .def("set_algorithm", &ringreduce::RingBackend::set_algorithm, py::arg("name"),
            "Force auto|ring|oneshot|twoshot for this group; call it on every rank between ops")
       .def_property_readonly("algorithms", [](const ringreduce::RingBackend& b) { return b.algorithms(); })
+      .def_property_readonly("segments", &ringreduce::RingBackend::segments,
+                             "How the group's shared-memory segments were made: memfd (no name), "
+                             "/dev/shm (named, unlinked once mapped) or none")
       .def("linked_segments", &ringreduce::RingBackend::linked_segments,
            "Shared-memory segments of this group still linked in /dev/shm (empty once set up).")
       .def_property_readonly(

@@ -43,6 +43,11 @@ class Links {
   Transport& transport() { return routed_ ? static_cast<Transport&>(*routed_) : *shm_; }
   // local()[p]: p is reached through shared memory.
   const std::vector<uint8_t>& local() const { return local_; }
+  // How the shared-memory segments were made: "memfd" (no name), "/dev/shm" (named, unlinked
+  // once mapped), or "none" (no shared memory).
+  const char* segments() const {
+    return shm_ == nullptr ? "none" : shm_->anonymous() ? "memfd" : "/dev/shm";
+  }
   std::vector<int> tcp_peers() const;
   std::vector<std::string> linked_segments() const;
   // "ip:port" this rank listens on for TCP peers, "" without any.

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/syscall.h>
 #include <sched.h>
 #include <sys/file.h>
 #include <sys/mman.h>
@@ -14,6 +15,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <mutex>
 #include <random>
 
@@ -77,6 +79,12 @@ uint64_t pid_namespace() {
   return ns;
 }
 
+// This process's mount namespace (the inode of /proc/self/ns/mnt), 0 if unknown.
+uint64_t mount_namespace() {
+  struct stat st;
+  return stat("/proc/self/ns/mnt", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+}
+
 // Segments of ringreduce groups whose creator died before it unlinked them (killed during set-up,
 // between creating its segment and every peer mapping it): nobody holds the lock on them that
 // every live owner holds from its first microseconds on, and they are older than that moment.
@@ -102,6 +110,25 @@ void sweep_stale_segments() {
   closedir(dir);
 }
 
+// The machine this process runs on: the kernel's boot id, the same in every container of it.
+std::string machine_id() {
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  if (f && std::getline(f, id) && !id.empty()) return id;
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  return std::string("host:") + host;
+}
+
+int create_memfd(const std::string& name) {
+#ifdef SYS_memfd_create
+  return static_cast<int>(syscall(SYS_memfd_create, name.c_str(), 1u /* MFD_CLOEXEC */));
+#else
+  errno = ENOSYS;
+  return -1;
+#endif
+}
+
 // MiB with one decimal, for messages about /dev/shm.
 std::string mib(double bytes) {
   char buf[32];
@@ -116,6 +143,17 @@ std::string ShmTransport::no_room_message(int rank, int size, int err) const {
   const bool known = statvfs("/dev/shm", &fs) == 0;
   const double total = known ? static_cast<double>(fs.f_blocks) * fs.f_frsize : 0;
   const double avail = known ? static_cast<double>(fs.f_bavail) * fs.f_frsize : 0;
+  if (anonymous_) {
+    return detail::cat(
+        "ringreduce shm: rank ", rank, " cannot reserve ", mib(segment_bytes_),
+        " of memory for its shared-memory segment (", own_name_, ", a memfd): ", std::strerror(err),
+        ". Each rank of a group on this host needs a segment like this one (this group of ", size,
+        ": up to ", mib(static_cast<double>(segment_bytes_) * size),
+        "), one for the collectives and a smaller one for point-to-point, counted against the "
+        "process's memory limit (its cgroup). Raise that limit, or use RINGREDUCE_TRANSPORT=tcp, "
+        "or shrink the segments with RINGREDUCE_WINDOW_BYTES, RINGREDUCE_SLICE_BYTES and "
+        "RINGREDUCE_SLOTS");
+  }
   return detail::cat(
       "ringreduce shm: rank ", rank, " cannot reserve ", mib(segment_bytes_), " in /dev/shm for ",
       own_name_, ": ", std::strerror(err),
@@ -204,13 +242,48 @@ ShmTransport::ShmTransport(Bootstrap& bs, const std::string& prefix, int rank, i
     token = std::strtoull(bs.get(prefix + "shm/token").c_str(), nullptr, 16);
   }
   own_name_ = "/ringreduce-" + hex64(token) + "-" + std::to_string(rank);
-  static std::once_flag swept;
-  std::call_once(swept, sweep_stale_segments);
+
+  // Segments without a name where every rank of this machine is in this process's PID and mount
+  // namespaces: a memfd, which a peer opens through /proc/<pid>/fd/<fd>, so that nothing is ever
+  // linked in /dev/shm (a crash at any moment leaves nothing behind) and /dev/shm's size does not
+  // limit the group (the memory counts against the process's cgroup instead). Ranks of one machine
+  // in different PID namespaces (a container per rank sharing /dev/shm) cannot see each other's
+  // /proc entries, and ranks in different mount namespaces may have /dev/shm mounts of their own
+  // that keep them apart on purpose (containers, or the hosts that tests/test_netns.py makes):
+  // there, named segments in /dev/shm, unlinked once every peer has mapped them, and the probe
+  // finds who shares one. Every rank of a machine sees the same ranks, so they all choose alike.
+  const std::string machine = machine_id();
+  const std::string where = machine + "/" + std::to_string(pid_namespace()) + "/" +
+                            std::to_string(mount_namespace());
+  bs.set(prefix + "shm/where/" + std::to_string(rank), where);
+  std::vector<uint8_t> same_machine(static_cast<size_t>(size), 0);
+  bool anonymous = cfg.anonymous && pid_namespace() != 0;
+  for (int p = 0; p < size; ++p) {
+    if (p == rank || (!want.empty() && !want[p])) continue;
+    const std::string theirs = bs.get(prefix + "shm/where/" + std::to_string(p));
+    same_machine[p] = theirs.size() > machine.size() && theirs.compare(0, machine.size(), machine) == 0 &&
+                      theirs[machine.size()] == '/';
+    if (same_machine[p] && theirs != where) anonymous = false;
+  }
+  anonymous_ = anonymous;
+  if (!anonymous_) {
+    static std::once_flag swept;
+    std::call_once(swept, sweep_stale_segments);
+  }
 
   try {
-    int fd = shm_open(own_name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    RR_SYSCHECK(fd >= 0, "ringreduce shm: rank ", rank, " cannot create segment ", own_name_);
-    own_linked_ = true;
+    int fd;
+    std::string published;
+    if (anonymous_) {
+      fd = create_memfd(own_name_.substr(1));
+      RR_SYSCHECK(fd >= 0, "ringreduce shm: rank ", rank, " cannot create a memfd segment");
+      published = detail::cat("memfd:", getpid(), ":", fd);
+    } else {
+      fd = shm_open(own_name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+      RR_SYSCHECK(fd >= 0, "ringreduce shm: rank ", rank, " cannot create segment ", own_name_);
+      own_linked_ = true;
+      published = own_name_;
+    }
     // Locked shared at once, and for as long as this transport lives: the kernel drops the lock
     // when the process dies, however it dies, which is how peers in another PID namespace (one
     // container per rank, sharing /dev/shm) tell that it has, and how a later job tells a
@@ -244,7 +317,7 @@ ShmTransport::ShmTransport(Bootstrap& bs, const std::string& prefix, int rank, i
     seg->locked = locked ? 1 : 0;
     seg->blocked_on.store(-1);
     seg->cpu.store(-1);
-    bs.set(prefix + "shm/name/" + std::to_string(rank), own_name_);
+    bs.set(prefix + "shm/name/" + std::to_string(rank), published);
 
     // The probe: opening the peer's segment only works if it is on this host (and in the same
     // IPC and mount namespace).
@@ -252,7 +325,18 @@ ShmTransport::ShmTransport(Bootstrap& bs, const std::string& prefix, int rank, i
     for (int p = 0; p < size; ++p) {
       if (p == rank || (!want.empty() && !want[p])) continue;
       const std::string name = bs.get(prefix + "shm/name/" + std::to_string(p));
-      int pfd = shm_open(name.c_str(), O_RDWR, 0);
+      int pfd;
+      if (name.rfind("memfd:", 0) == 0) {
+        // "memfd:<pid>:<fd>": the owner's descriptor, reopened (the same memory, and the same
+        // file for the owner's lock). Only a process of the owner's machine and PID namespace
+        // finds it; another host's rank with that pid fails the segment check below.
+        const std::string rest = name.substr(6);
+        const std::string path = "/proc/" + rest.substr(0, rest.find(':')) + "/fd/" +
+                                 rest.substr(rest.find(':') + 1);
+        pfd = anonymous_ && same_machine[p] ? open(path.c_str(), O_RDWR | O_CLOEXEC) : -1;
+      } else {
+        pfd = anonymous_ ? -1 : shm_open(name.c_str(), O_RDWR, 0);
+      }
       if (pfd < 0 && !require) continue;
       RR_SYSCHECK(pfd >= 0, "ringreduce shm: rank ", rank, " cannot open rank ", p,
                   "'s shared-memory segment ", name,
@@ -309,9 +393,11 @@ ShmTransport::ShmTransport(Bootstrap& bs, const std::string& prefix, int rank, i
     for (int p = 0; p < size; ++p) {
       if (p != rank) bs.get(prefix + "shm/mapped/" + std::to_string(p));
     }
-    RR_SYSCHECK(shm_unlink(own_name_.c_str()) == 0, "ringreduce shm: rank ", rank,
-                " cannot unlink its segment ", own_name_);
-    own_linked_ = false;
+    if (own_linked_) {
+      RR_SYSCHECK(shm_unlink(own_name_.c_str()) == 0, "ringreduce shm: rank ", rank,
+                  " cannot unlink its segment ", own_name_);
+      own_linked_ = false;
+    }
   } catch (...) {
     if (own_linked_) shm_unlink(own_name_.c_str());
     own_linked_ = false;

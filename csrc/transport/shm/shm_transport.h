@@ -40,6 +40,9 @@ struct ShmConfig {
   // Bytes of each of a rank's two window buffers (PeerWindow), in its segment after the FIFOs;
   // 0: no window. Offered only when every peer is reachable through shared memory.
   size_t window_bytes = 0;
+  // Segments without a name (memfd) where every rank of the machine is in one PID namespace;
+  // false: always named segments in /dev/shm (see the constructor).
+  bool anonymous = true;
 };
 
 class ShmTransport final : public Transport, private PeerWindow {
@@ -101,6 +104,9 @@ class ShmTransport final : public Transport, private PeerWindow {
 
   // The name this rank's segment was created under (unlinked once set-up returned).
   const std::string& segment_name() const { return own_name_; }
+  // Whether the segments have no name (memfd, opened by peers through /proc/<pid>/fd), rather than
+  // a name in /dev/shm: see the constructor.
+  bool anonymous() const { return anonymous_; }
   // Names of the segments this transport created and has not unlinked yet (empty once set-up
   // returned).
   std::vector<std::string> linked_segments() const;
@@ -149,6 +155,7 @@ class ShmTransport final : public Transport, private PeerWindow {
   size_t segment_bytes_ = 0;
   std::string own_name_;
   bool own_linked_ = false;
+  bool anonymous_ = false;
   std::vector<void*> bases_;        // bases_[r]: rank r's segment mapped here (ours included)
   std::vector<int> fds_;            // fds_[r]: its descriptor, kept open (ours locked shared)
   // Messages published to / released from each peer. 64-bit so that the slot index (count modulo
