@@ -17,6 +17,7 @@
 
 #include "backend/knobs.h"
 #include "common/error.h"
+#include "common/machine.h"
 #include "transport/hosts.h"
 #include "transport/transport.h"
 
@@ -284,16 +285,7 @@ std::vector<std::string> Config::knob_warnings(const Config& agreed, int rank, c
   return out;
 }
 
-std::string Config::machine_key() {
-  // The kernel's boot id is the same for every process of one machine, in any container, and
-  // differs between machines (and across reboots); the host name stands in where it is hidden.
-  std::ifstream f("/proc/sys/kernel/random/boot_id");
-  std::string id;
-  if (f && std::getline(f, id) && !id.empty()) return id;
-  char host[256] = {0};
-  gethostname(host, sizeof host - 1);
-  return std::string("host:") + host;
-}
+std::string Config::machine_key() { return machine_id(); }
 
 int Config::local_ranks(const std::vector<std::string>& keys, int fake_hosts) {
   const int size = static_cast<int>(keys.size());

@@ -15,11 +15,11 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <mutex>
 #include <random>
 
 #include "common/error.h"
+#include "common/machine.h"
 
 namespace ringreduce {
 
@@ -108,16 +108,6 @@ void sweep_stale_segments() {
     close(fd);
   }
   closedir(dir);
-}
-
-// The machine this process runs on: the kernel's boot id, the same in every container of it.
-std::string machine_id() {
-  std::ifstream f("/proc/sys/kernel/random/boot_id");
-  std::string id;
-  if (f && std::getline(f, id) && !id.empty()) return id;
-  char host[256] = {0};
-  gethostname(host, sizeof host - 1);
-  return std::string("host:") + host;
 }
 
 int create_memfd(const std::string& name) {
