@@ -139,8 +139,10 @@ def _shm_entries():
     return {n for n in os.listdir("/dev/shm") if n.startswith("ringreduce-")}
 
 
-def _launch(tmp_path, world, case, transport, timeout_s, on_started=None, wrap=None, timeouts=None):
-    """`timeouts`: {rank: seconds} for ranks whose group timeout differs from `timeout_s`."""
+def _launch(tmp_path, world, case, transport, timeout_s, on_started=None, wrap=None, timeouts=None,
+            env_of=None):
+    """`timeouts`: {rank: seconds} for ranks whose group timeout differs from `timeout_s`;
+    `env_of`: {rank: {name: value}} set in that rank's environment only."""
     port = harness.free_port()
     procs = []
     before = _shm_entries()
@@ -152,6 +154,7 @@ def _launch(tmp_path, world, case, transport, timeout_s, on_started=None, wrap=N
                    PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
         if rank in (timeouts or {}):
             env[f"FAULT_TIMEOUT_RANK{rank}"] = str(timeouts[rank])
+        env.update((env_of or {}).get(rank, {}))
         argv = (wrap or {}).get(rank, []) + [sys.executable, "-c", WORKER]
         procs.append(subprocess.Popen(argv, env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
@@ -407,18 +410,25 @@ def test_a_stopped_rank_resumed_in_send_recv_finds_the_group_aborted_at_once(tmp
         pytest.skip("faults of ringreduce's transports")
     world, timeout_s = 3, 6
 
-    def until_both_failed():
-        # Past the timeout, and until both peers have written their errors.
+    def stop_then_resume(procs):
+        # Rank 1 stops itself (a failpoint) with part of a send's data out, so that its peers
+        # are inside transfers with it; once both have failed, it is resumed.
+        stat = f"/proc/{procs[1].pid}/stat"
+        for _ in range(1200):
+            with open(stat) as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in ("T", "t"):
+                    break
+            threading.Event().wait(0.05)
         for _ in range(int((timeout_s + 30) / 0.1)):
             if all((tmp_path / f"rank{r}.json").exists() for r in (0, 2)):
                 break
             threading.Event().wait(0.1)
         (tmp_path / "resumed").write_text(repr(time.time()))
+        procs[1].send_signal(signal.SIGCONT)
 
-    stop_one = _stop_rank1(tmp_path, until_both_failed)
-
-    results, outputs, leaked = _launch(tmp_path, world, "stop_p2p", "auto", timeout_s,
-                                       on_started=stop_one)
+    results, outputs, leaked = _launch(
+        tmp_path, world, "stop_p2p", "auto", timeout_s, on_started=stop_then_resume,
+        env_of={1: {"RINGREDUCE_FAILPOINT": "p2p.send_data:1:3:stop"}})
     why = _explain(results, outputs)
     for rank in (0, 2):
         assert " Timed out " in results.get(rank, {}).get("error", ""), why

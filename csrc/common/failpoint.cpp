@@ -17,6 +17,7 @@ struct Spec {
   std::string name;
   int rank = -1;
   long nth = 1;
+  bool stop = false;  // SIGSTOP instead of SIGKILL
 };
 
 Spec read_spec() {
@@ -29,7 +30,14 @@ Spec read_spec() {
   const size_t b = text.find(':', a + 1);
   s.name = text.substr(0, a);
   s.rank = std::atoi(text.substr(a + 1, b == std::string::npos ? std::string::npos : b - a - 1).c_str());
-  if (b != std::string::npos) s.nth = std::atol(text.c_str() + b + 1);
+  if (b != std::string::npos) {
+    const size_t c = text.find(':', b + 1);
+    s.nth = std::atol(text.substr(b + 1, c == std::string::npos ? std::string::npos : c - b - 1).c_str());
+    if (c != std::string::npos) {
+      if (text.substr(c + 1) != "stop") return s;  // an unknown action arms nothing
+      s.stop = true;
+    }
+  }
   s.armed = !s.name.empty() && s.nth >= 1;
   return s;
 }
@@ -45,7 +53,7 @@ void failpoint(const char* name, int rank) {
   const Spec& s = spec();
   if (!s.armed || rank != s.rank || s.name != name) return;
   static std::atomic<long> hits{0};
-  if (hits.fetch_add(1) + 1 == s.nth) ::kill(::getpid(), SIGKILL);
+  if (hits.fetch_add(1) + 1 == s.nth) ::kill(::getpid(), s.stop ? SIGSTOP : SIGKILL);
 }
 
 }  // namespace ringreduce

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "common/failpoint.h"
 
 namespace ringreduce {
 
@@ -417,6 +418,7 @@ bool P2p::feed_peer(int p) {
     t_.send_end(p, h);
     r->offset += n;
     moved = true;
+    if (r->offset < r->bytes) failpoint("p2p.send_data", rank_);  // part of the data sent
     if (r->offset == r->bytes) {
       peer.streaming.pop_front();
       finish(r, nullptr);
