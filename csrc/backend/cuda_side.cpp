@@ -7,13 +7,13 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
-#include <cstdio>
 #include <mutex>
 #include <optional>
 
 #include "backend/store_bootstrap.h"
 #include "backend/work.h"
 #include "common/error.h"
+#include "common/log.h"
 #include "reduce/reduce_cuda.h"
 #include "ring/ring.h"
 #include "transport/cuda_ipc/cuda_ipc_transport.h"
@@ -53,11 +53,9 @@ struct CudaSide::Impl {
         why = e.what();
         // Said once per group, by rank 0 (every rank reached the same verdict).
         if (rank == 0) {
-          std::fprintf(stderr,
-                       "[ringreduce] CUDA tensors of this group travel through host memory: %s "
-                       "(RINGREDUCE_CUDA_TRANSPORT=staged chooses this without the probe, and "
-                       "without this line)\n",
-                       e.what());
+          log::note(rank, detail::cat("CUDA tensors of this group travel through host memory: ",
+                                      e.what(), " (RINGREDUCE_CUDA_TRANSPORT=staged chooses this ",
+                                      "without the probe, and without this line)"));
         }
       }
     }

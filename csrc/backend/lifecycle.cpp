@@ -215,12 +215,10 @@ void RingBackend::dump_on_failure(const std::string& reason) {
         const size_t cut = shown.rfind(' ', 200);
         shown = shown.substr(0, cut == std::string::npos || cut < 100 ? 200 : cut) + " ...";
       }
-      std::fprintf(stderr, "[ringreduce] rank %d: flight recorder dumped to %s (%s)\n", rank_,
-                   path.c_str(), shown.c_str());
+      log::note(rank_, detail::cat("flight recorder dumped to ", path, " (", shown, ")"));
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "[ringreduce] rank %d: could not dump the flight recorder: %s\n", rank_,
-                 e.what());
+    log::note(rank_, detail::cat("could not dump the flight recorder: ", e.what()));
   }
 }
 

@@ -63,16 +63,25 @@ Level level() {
   return l;
 }
 
-void write(Level l, int rank, const std::string& message) {
+namespace {
+
+void emit(const char* name, int rank, const std::string& message) {
   static std::mutex mu;
   static FILE* sink = open_sink();
   static const std::string host = host_name();
-  const char* name = l == Level::Warn ? "WARN" : l == Level::Info ? "INFO" : "TRACE";
   const std::string rank_part = rank >= 0 ? " [" + std::to_string(rank) + "]" : "";
   std::lock_guard<std::mutex> lock(mu);
   std::fprintf(sink, "%s:%d:%ld%s RINGREDUCE %s %s\n", host.c_str(), static_cast<int>(getpid()),
                static_cast<long>(syscall(SYS_gettid)), rank_part.c_str(), name, message.c_str());
   std::fflush(sink);
 }
+
+}  // namespace
+
+void write(Level l, int rank, const std::string& message) {
+  emit(l == Level::Warn ? "WARN" : l == Level::Info ? "INFO" : "TRACE", rank, message);
+}
+
+void note(int rank, const std::string& message) { emit("NOTE", rank, message); }
 
 }  // namespace ringreduce::log

@@ -20,4 +20,9 @@ inline bool enabled(Level l) { return l != Level::Off && static_cast<int>(level(
 // Writes one line (the message must not end with a newline); `rank` -1 when there is none.
 void write(Level l, int rank, const std::string& message);
 
+// Writes one NOTE line whatever RINGREDUCE_DEBUG says, to the same place and in the same shape:
+// what a user must see without asking for it (where a flight recorder dump went, a slower path
+// the group fell back to, a connection a listener refused).
+void note(int rank, const std::string& message);
+
 }  // namespace ringreduce::log

@@ -8,10 +8,10 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cstring>
 
 #include "common/error.h"
+#include "common/log.h"
 #include "transport/tcp/address.h"
 #include "transport/tcp/conn.h"
 
@@ -164,8 +164,7 @@ TcpTransport::~TcpTransport() {
 }
 
 void TcpTransport::log(const std::string& what) const {
-  std::fprintf(stderr, "[ringreduce tcp] rank %d: %s\n", rank_, what.c_str());
-  std::fflush(stderr);
+  log::note(rank_, "tcp: " + what);
 }
 
 // ---- the ring's side ---------------------------------------------------------------------------
