@@ -132,8 +132,8 @@ void run_and_complete(QueueState& st, const c10::intrusive_ptr<RingWork>& work,
 void fail_all(std::deque<QueueState::Task>& tasks, const std::string& why) {
   for (auto& t : tasks) {
     t.work->complete(as_dist_error(std::make_exception_ptr(
-        Error(detail::cat("ringreduce ", t.work->op_name(), " #", t.work->seq(),
-                          ": cancelled before it ran: ", why)))));
+        Error(detail::cat(op_prefix(t.work->op_name(), t.work->seq(), t.work->rank()),
+                          "cancelled before it ran: ", why)))));
   }
 }
 
@@ -225,8 +225,8 @@ void OpQueue::push(c10::intrusive_ptr<RingWork> work, std::function<void()> body
   bool wake = false;
   {
     std::lock_guard<std::mutex> lock(st_->mu);
-    RR_CHECK(!st_->stopping, "ringreduce ", work->op_name(), " #", work->seq(),
-             ": the process group has been shut down");
+    RR_CHECK(!st_->stopping, op_prefix(work->op_name(), work->seq(), work->rank()),
+             "the process group has been shut down");
     const bool idle = !st_->running && st_->tasks.empty();
     const bool defer = deferrable && idle && st_->prompt && st_->start_delay.count() > 0;
     if (deferrable && !defer) work->set_pushed_at(QueueState::Clock::now());  // for note_wait

@@ -51,6 +51,7 @@ class RingWork final : public c10d::Work {
 
   const char* op_name() const { return op_name_; }
   uint64_t seq() const { return seq_; }
+  int rank() const { return rank_; }
 
  private:
   const char* op_name_;

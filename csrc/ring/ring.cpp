@@ -68,7 +68,7 @@ const void* Ring::recv_checked(int peer, const MsgHeader& expect, size_t bytes,
     }
     const int them = t_.group_rank(peer);
     const std::string msg = detail::cat(
-        "ringreduce ", ctx.name, " #", ctx.seq, ": rank ", me, " and rank ", them,
+        op_prefix(ctx.name, ctx.seq, me), "this rank and rank ", them,
         " called different collectives: rank ", them, " sent ", describe_op(got), ", rank ", me,
         " is in ", describe_op(expect),
         agree ? detail::cat(" (message of ", got.bytes, " bytes where ", bytes, " were expected)")

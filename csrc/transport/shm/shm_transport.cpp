@@ -594,8 +594,7 @@ const void* ShmTransport::recv_begin(int peer, MsgHeader* hdr, const OpContext& 
   const uint8_t* s = slot(rank_, peer, received_[peer]);
   std::memcpy(hdr, s, sizeof *hdr);
   // The header came from another process: never let it steer a read past the slot.
-  RR_CHECK(hdr->bytes <= max_payload(), "ringreduce ", op.name, " #", op.seq, ": rank ", rank_,
-           " got a message of ", hdr->bytes, " bytes from rank ", peer, ", larger than a slot (",
+  RR_CHECK(hdr->bytes <= max_payload(), op_prefix(op.name, op.seq, rank_), "got a message of ", hdr->bytes, " bytes from rank ", peer, ", larger than a slot (",
            max_payload(), ")");
   return s + kSlotHeaderBytes;
 }
@@ -693,8 +692,8 @@ void ShmTransport::wait_all(const OpContext& op, const Deadline& dl) {
   auto differ = [&](int peer, const std::string& theirs) {
     const std::string aborted = abort_reason();
     if (!aborted.empty()) throw_aborted(op);
-    const std::string msg = detail::cat("ringreduce ", op.name, " #", op.seq, ": rank ", rank_,
-                                        " and rank ", peer, " called different collectives: ",
+    const std::string msg = detail::cat(op_prefix(op.name, op.seq, rank_), "this rank and rank ",
+                                        peer, " called different collectives: ",
                                         theirs, ", rank ", rank_, " is in ", describe_op(fp));
     abort_group(msg);
     throw Error(msg);
