@@ -65,10 +65,9 @@ struct Config {
   // value does not parse or is out of range.
   static Config from_env(int local_ranks);
 
-  // With a core per rank, a short spin turns most hand-offs into a cache-line transfer (a 1 KiB
-  // all-reduce of 2 ranks: 9 us spinning 50 us, 19 us spinning 2 us). With more ranks than
-  // cores, the peer a rank waits for is often waiting for that very core, and every microsecond
-  // of spin delays it (4 ranks on 2 cores: 270 us spinning 50 us, 100 us spinning 2 us).
+  // With a core per rank, a spin turns most hand-offs into a cache-line transfer instead of a
+  // futex wake-up. With more ranks than cores, the peer a rank waits for is often waiting for that
+  // very core, and every microsecond of spin delays it: a short spin. docs/knobs.md has the sweep.
   static std::chrono::microseconds default_spin(int local_ranks);
   // With more ranks than cores a rank waits, most of the time, for a peer that is runnable but
   // has no core; yielding gives it one at once, where a futex sleep costs a wake-up per hand-off
@@ -76,10 +75,9 @@ struct Config {
   // a rank with nothing to do goes to sleep. With a core per rank it is not needed.
   static std::chrono::microseconds default_yield(int local_ranks);
 
-  // With a core per rank, slices small enough that a link's slots stay in cache win (2 ranks, 32
-  // MiB: 15.8 GB/s busbw at 128K, 11.6 at 512K). With more ranks than cores every hand-off may
-  // cost a context switch, so fewer, larger slices win (4 ranks on 2 cores: 3.8 GB/s at 128K,
-  // 5.6 at 512K). docs/knobs.md has the sweep.
+  // With a core per rank, slices small enough that a link's slots stay in cache win. With more
+  // ranks than cores every hand-off may cost a context switch, so fewer, larger slices win.
+  // docs/knobs.md has the sweep.
   static size_t default_slice_bytes(int local_ranks);
 
   // Every rank must slice the same way, so rank 0's values win: rank 0 reads its environment

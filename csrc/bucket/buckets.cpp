@@ -11,11 +11,10 @@
 namespace ringreduce {
 
 namespace {
-// Gradients at least this large go back from the buckets with streaming stores: they are larger
-// than the L3 cache (32 MiB on the development machine), so the optimizer's step reads them from
-// memory either way and the read-for-ownership of every written line is wasted traffic. Smaller
-// ones are written normally: the step that follows finds them in cache (measured: streaming the
-// 16 MB gradients of the 25M-parameter benchmark made its steps ~4 ms slower).
+// Gradients at least this large go back from the buckets with streaming stores: larger than a
+// server's L3 cache, they are read from memory by the optimizer's step either way, and the read
+// for ownership of every written line would be wasted traffic. Smaller ones are written normally,
+// so the step that follows finds them in cache (docs/ddp.md).
 constexpr size_t kStreamBackBytes = 32u << 20;
 }  // namespace
 
@@ -210,9 +209,9 @@ std::vector<int64_t> Buckets::mark_ready(int64_t p, bool grad_as_view) {
       grad.scalar_type() == view.scalar_type() && grad.device() == view.device()) {
     // A one-parameter bucket adopts a gradient that is not its view (autograd hands over a new
     // tensor after zero_grad(set_to_none=True), torch's default): the gradient's memory becomes
-    // the bucket's buffer, so .grad is the bucket's view again without copying it in. Measured
-    // on the 25M-parameter benchmark, whose 67 MB weight has a bucket of its own: a copy of it per
-    // step. The old buffer is released with its last reference.
+    // the bucket's buffer, so .grad is the bucket's view again without copying it in (a weight
+    // large enough to have a bucket of its own would otherwise be copied every step). The old
+    // buffer is released with its last reference.
     set_buffer(bucket_of_[p], grad.view({-1}));
     if (scale != 1.0) view.mul_(scale);
   } else if (!grad.defined()) {
@@ -222,8 +221,8 @@ std::vector<int64_t> Buckets::mark_ready(int64_t p, bool grad_as_view) {
     if (scale != 1.0) view.mul_(scale);
   } else if (scale != 1.0) {
     // Copy and scale in one pass. The factor as a 0-dim tensor of the gradient's dtype: a bare
-    // double would be a float64 operand and send the whole multiply through a promoting
-    // (measured 6x slower) path.
+    // double would be a float64 operand and send the whole multiply through torch's much slower
+    // type-promoting path.
     at::Tensor out = view;
     at::mul_out(out, grad, at::scalar_tensor(scale, grad.options()));
   } else {

@@ -1,4 +1,5 @@
-// Errors thrown by the torch-free core (common, reduce, transport, ring).
+// Errors thrown by the torch-free core (build.cfg's CORE_DIRS: common, reduce, transport, ring,
+// algo, p2p).
 //
 // The core never ends the process: every failure is an exception whose message names the op, the
 // rank and what was wrong. The backend layer turns these into c10::DistBackendError so that Python
@@ -57,7 +58,7 @@ inline std::string op_prefix(const std::string& op, uint64_t seq, int rank) {
 
 }  // namespace ringreduce
 
-// RR_CHECK(cond, "ringreduce allreduce: rank ", r, " expected ", n, ...) throws ringreduce::Error.
+// RR_CHECK(cond, op_prefix(op, seq, rank), "expected ", n, ...) throws ringreduce::Error.
 #define RR_CHECK(cond, ...)                                               \
   do {                                                                    \
     if (!(cond)) throw ::ringreduce::Error(::ringreduce::detail::cat(__VA_ARGS__)); \

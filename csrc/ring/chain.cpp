@@ -11,7 +11,6 @@ namespace ringreduce {
 
 using slicing::ceil_div;
 using slicing::kStreamLargeOutputBytes;
-using slicing::kStreamOutputs;
 
 void Ring::broadcast(void* buf_ptr, size_t count, DType t, int root, const OpContext& ctx,
                      const Deadline& dl) {
@@ -25,7 +24,7 @@ void Ring::broadcast(void* buf_ptr, size_t count, DType t, int root, const OpCon
   const int pos = (rank_ - root + n) % n;  // distance from the root along the chain
   const size_t slice = std::max<size_t>(1, slice_bytes_ / es);
   const size_t nslices = std::max<size_t>(1, ceil_div(count, slice));
-  const bool streaming = kStreamOutputs || count * es >= kStreamLargeOutputBytes;
+  const bool streaming = count * es >= kStreamLargeOutputBytes;
   const bool stream_sends = writes_.stream(count * es, false);
   const MsgHeader fp = fingerprint(ctx, OpKind::Broadcast, count, t, 0, root);
   // A rank hears only from its predecessor, and the root from no one: the round first makes every

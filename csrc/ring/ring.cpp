@@ -10,7 +10,6 @@
 namespace ringreduce {
 
 using slicing::ceil_div;
-using slicing::kStreamOutputs;
 
 namespace {
 
@@ -93,7 +92,7 @@ Ring::Plan Ring::plan(size_t count, size_t chunk, DType t, bool timed) {
   // Even an empty op exchanges one round of (empty) messages, so that a rank whose count differs
   // from its neighbour's hears about it instead of returning while the neighbour waits.
   p.nslices = std::max<size_t>(1, ceil_div(chunk, p.slice));
-  p.streaming = kStreamOutputs;
+  p.streaming = false;  // a reduction's output is read soon: plain stores (slicing.h)
   p.stream_sends = writes_.stream(count * p.es, timed);
   return p;
 }
