@@ -10,18 +10,11 @@ void fail(const std::string& msg) { C10_THROW_ERROR(DistBackendError, msg); }
 
 std::optional<DType> core_dtype(at::ScalarType s) {
   switch (s) {
-    case at::kFloat: return DType::Float32;
-    case at::kDouble: return DType::Float64;
-    case at::kHalf: return DType::Float16;
-    case at::kBFloat16: return DType::BFloat16;
-    case at::kChar: return DType::Int8;
-    case at::kByte: return DType::UInt8;
-    case at::kShort: return DType::Int16;
-    case at::kInt: return DType::Int32;
-    case at::kLong: return DType::Int64;
-    case at::kBool: return DType::Bool;
-    case at::kComplexFloat: return DType::Complex64;
-    case at::kComplexDouble: return DType::Complex128;
+#define RINGREDUCE_DTYPE_OF_SCALAR(tag, bytes, name, family, scalar, Kind) \
+  case at::ScalarType::scalar:                                             \
+    return DType::tag;
+    RINGREDUCE_DTYPES(RINGREDUCE_DTYPE_OF_SCALAR)
+#undef RINGREDUCE_DTYPE_OF_SCALAR
     default: return std::nullopt;
   }
 }
@@ -49,8 +42,7 @@ DType checked_dtype(const at::Tensor& t, const char* op, int rank) {
   const auto d = core_dtype(t.scalar_type());
   if (!d) {
     fail(detail::cat(op_prefix(op, rank), "dtype ", t.scalar_type(),
-                     " is not supported (supported: float32, float64, float16, bfloat16, int8, "
-                     "uint8, int16, int32, int64, bool, complex64, complex128)"));
+                     " is not supported (supported: ", supported_dtypes(), ")"));
   }
   return *d;
 }

@@ -1,5 +1,7 @@
 #include "common/dtype.h"
 
+#include <string>
+
 #include "common/error.h"
 
 namespace ringreduce {
@@ -10,38 +12,35 @@ namespace ringreduce {
 
 size_t dtype_size(DType t) {
   switch (t) {
-    case DType::Float32: return 4;
-    case DType::Float64: return 8;
-    case DType::Float16: return 2;
-    case DType::BFloat16: return 2;
-    case DType::Int8: return 1;
-    case DType::UInt8: return 1;
-    case DType::Int16: return 2;
-    case DType::Int32: return 4;
-    case DType::Int64: return 8;
-    case DType::Bool: return 1;
-    case DType::Complex64: return 8;
-    case DType::Complex128: return 16;
+#define RINGREDUCE_DTYPE_SIZE(tag, bytes, name, family, scalar, Kind) \
+  case DType::tag:                                                     \
+    return bytes;
+    RINGREDUCE_DTYPES(RINGREDUCE_DTYPE_SIZE)
+#undef RINGREDUCE_DTYPE_SIZE
   }
   throw Error(detail::cat("ringreduce: unknown dtype tag ", static_cast<unsigned>(t)));
 }
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::Float32: return "float32";
-    case DType::Float64: return "float64";
-    case DType::Float16: return "float16";
-    case DType::BFloat16: return "bfloat16";
-    case DType::Int8: return "int8";
-    case DType::UInt8: return "uint8";
-    case DType::Int16: return "int16";
-    case DType::Int32: return "int32";
-    case DType::Int64: return "int64";
-    case DType::Bool: return "bool";
-    case DType::Complex64: return "complex64";
-    case DType::Complex128: return "complex128";
+#define RINGREDUCE_DTYPE_NAME(tag, bytes, name, family, scalar, Kind) \
+  case DType::tag:                                                     \
+    return name;
+    RINGREDUCE_DTYPES(RINGREDUCE_DTYPE_NAME)
+#undef RINGREDUCE_DTYPE_NAME
   }
   return "<unknown dtype>";
+}
+
+const char* supported_dtypes() {
+  static const std::string names = [] {
+    std::string s;
+#define RINGREDUCE_DTYPE_LIST(tag, bytes, name, family, scalar, Kind) s += (s.empty() ? "" : ", ") + std::string(name);
+    RINGREDUCE_DTYPES(RINGREDUCE_DTYPE_LIST)
+#undef RINGREDUCE_DTYPE_LIST
+    return s;
+  }();
+  return names.c_str();
 }
 
 const char* redop_name(RedOp op) {
@@ -57,26 +56,26 @@ const char* redop_name(RedOp op) {
   return "<unknown op>";
 }
 
-bool is_floating(DType t) {
-  return t == DType::Float32 || t == DType::Float64 || t == DType::Float16 ||
-         t == DType::BFloat16;
-}
+namespace {
 
-bool is_complex(DType t) { return t == DType::Complex64 || t == DType::Complex128; }
+enum class Family { None, Floating, Integral, Complex };
 
-bool is_integral(DType t) {
+Family family_of(DType t) {
   switch (t) {
-    case DType::Int8:
-    case DType::UInt8:
-    case DType::Int16:
-    case DType::Int32:
-    case DType::Int64:
-    case DType::Bool:
-      return true;
-    default:
-      return false;
+#define RINGREDUCE_DTYPE_FAMILY(tag, bytes, name, family, scalar, Kind) \
+  case DType::tag:                                                       \
+    return Family::family;
+    RINGREDUCE_DTYPES(RINGREDUCE_DTYPE_FAMILY)
+#undef RINGREDUCE_DTYPE_FAMILY
   }
+  return Family::None;
 }
+
+}  // namespace
+
+bool is_floating(DType t) { return family_of(t) == Family::Floating; }
+bool is_complex(DType t) { return family_of(t) == Family::Complex; }
+bool is_integral(DType t) { return family_of(t) == Family::Integral; }
 
 const char* unsupported_reason(DType t, RedOp op) {
   // An unknown tag is "not defined" either: answering nullptr would send it on to the kernels.

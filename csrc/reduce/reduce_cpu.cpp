@@ -25,6 +25,7 @@
 #include "reduce/half.h"
 #include "reduce/kernels.h"
 #include "reduce/kinds.h"
+#include "reduce/ops.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -67,29 +68,13 @@ namespace {
 // ---------------------------------------------------------------------------------------------
 // Element kinds
 
-// Same layout as std::complex<R>, c10::complex<R> and C's _Complex, but with the textbook multiply:
-// std::complex's operator* goes through __mulsc3 (NaN/Inf recovery, never vectorised), and torch
-// itself multiplies c10::complex the textbook way.
-template <class R>
-struct Complex {
-  R re, im;
-};
-static_assert(sizeof(Complex<float>) == 8 && sizeof(Complex<double>) == 16,
-              "complex must be two packed reals");
-
-template <class R>
-inline Complex<R> operator+(Complex<R> x, Complex<R> y) {
-  return {x.re + y.re, x.im + y.im};
-}
-template <class R>
-inline Complex<R> operator*(Complex<R> x, Complex<R> y) {
-  return {x.re * y.re - x.im * y.im, x.re * y.im + x.im * y.re};
-}
-
-template <class T>
-struct IsComplex : std::false_type {};
-template <class R>
-struct IsComplex<Complex<R>> : std::true_type {};
+using ops::Complex;
+using ops::IsComplex;
+using ops::kIsBool;
+using ops::kIsFloat;
+using ops::kIsInt;
+using ops::supported;
+using ops::Wide;
 
 // A kind: Store is what lies in memory, Math what the op is computed in.
 template <class T>
@@ -186,85 +171,30 @@ struct Bool {
   static Store store(Math v) { return static_cast<Store>(v); }
 };
 
-template <class M>
-constexpr bool kIsFloat = std::is_floating_point_v<M>;
-template <class M>
-constexpr bool kIsBool = std::is_same_v<M, bool>;
-template <class M>
-constexpr bool kIsInt = std::is_integral_v<M> && !kIsBool<M>;
-
-// Signed overflow is undefined, and uint8/uint16 promote to (signed) int, so integer sums and
-// products are done in an unsigned type at least as wide as unsigned int and wrapped back, which is
-// what torch and NCCL produce.
-template <class M>
-using Wide = std::conditional_t<(sizeof(M) < sizeof(unsigned)), unsigned, std::make_unsigned_t<M>>;
-
-// ---------------------------------------------------------------------------------------------
-// Ops
-
-struct OpSum {
+// The host's floating-point primitives for ops.h's Sum and Prod: the plain operators (the build's
+// -ffp-contract=off keeps each rounding), and the textbook complex formulas in the order that
+// reduce_cuda.cu's device primitives follow.
+struct HostArith {
   template <class M>
-  static M apply(M a, M b) {
-    if constexpr (kIsBool<M>) return a | b;
-    else if constexpr (kIsInt<M>) return static_cast<M>(Wide<M>(a) + Wide<M>(b));
-    else return a + b;
+  static M add(M a, M b) { return a + b; }
+  template <class M>
+  static M mul(M a, M b) { return a * b; }
+  template <class R>
+  static Complex<R> add(Complex<R> x, Complex<R> y) { return {x.re + y.re, x.im + y.im}; }
+  template <class R>
+  static Complex<R> mul(Complex<R> x, Complex<R> y) {
+    return {x.re * y.re - x.im * y.im, x.re * y.im + x.im * y.re};
   }
 };
 
-struct OpProd {
-  template <class M>
-  static M apply(M a, M b) {
-    if constexpr (kIsBool<M>) return a & b;
-    else if constexpr (kIsInt<M>) return static_cast<M>(Wide<M>(a) * Wide<M>(b));
-    else return a * b;
-  }
-};
-
-// torch's min/max propagate NaN: if either operand is NaN the result is NaN. The selects are
-// written with `|` rather than `||` so there is no branch to stop if-conversion.
-struct OpMin {
-  template <class M>
-  static M apply(M a, M b) {
-    if constexpr (kIsBool<M>) return a & b;
-    else if constexpr (kIsFloat<M>) return ((a < b) | (a != a)) ? a : b;
-    else return a < b ? a : b;
-  }
-};
-
-struct OpMax {
-  template <class M>
-  static M apply(M a, M b) {
-    if constexpr (kIsBool<M>) return a | b;
-    else if constexpr (kIsFloat<M>) return ((a > b) | (a != a)) ? a : b;
-    else return a > b ? a : b;
-  }
-};
-
-struct OpBAnd {
-  template <class M>
-  static M apply(M a, M b) { return static_cast<M>(a & b); }
-};
-struct OpBOr {
-  template <class M>
-  static M apply(M a, M b) { return static_cast<M>(a | b); }
-};
-struct OpBXor {
-  template <class M>
-  static M apply(M a, M b) { return static_cast<M>(a ^ b); }
-};
-
-// The compile-time mirror of unsupported_reason(): combinations it rejects are never instantiated
-// (they would not compile: there is no `<` on complex, no `&` on float).
-template <class K, class Op>
-constexpr bool supported() {
-  using M = typename K::Math;
-  if constexpr (std::is_same_v<Op, OpMin> || std::is_same_v<Op, OpMax>) return !IsComplex<M>::value;
-  if constexpr (std::is_same_v<Op, OpBAnd> || std::is_same_v<Op, OpBOr> ||
-                std::is_same_v<Op, OpBXor>) {
-    return kIsInt<M> || kIsBool<M>;
-  }
-  return true;
-}
+// The names kinds.h's op list uses.
+using OpSum = ops::Sum<HostArith>;
+using OpProd = ops::Prod<HostArith>;
+using OpMin = ops::Min;
+using OpMax = ops::Max;
+using OpBAnd = ops::BAnd;
+using OpBOr = ops::BOr;
+using OpBXor = ops::BXor;
 
 // ---------------------------------------------------------------------------------------------
 // Loops
@@ -533,7 +463,7 @@ struct ScaleBy<Complex<R>> {
 template <class F>
 void with_kind(DType t, const char* what, F&& f) {
   switch (t) {
-    RINGREDUCE_REDUCE_KINDS(RINGREDUCE_KIND_CASE)
+    RINGREDUCE_DTYPES(RINGREDUCE_KIND_CASE)
   }
   throw Error(detail::cat("ringreduce ", what, ": unknown dtype tag ", static_cast<unsigned>(t)));
 }

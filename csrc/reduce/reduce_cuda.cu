@@ -42,6 +42,7 @@
 
 #include "common/error.h"
 #include "reduce/kinds.h"
+#include "reduce/ops.h"
 
 static_assert(std::is_same_v<ringreduce::cuda::Stream, cudaStream_t>,
               "reduce_cuda.h's Stream must be cudaStream_t");
@@ -104,14 +105,13 @@ RR_X86_ARITH(double, div, __ddiv_rn)
 // ---------------------------------------------------------------------------------------------
 // Element kinds (as in reduce_cpu.cpp: Store is what lies in memory, Math what the op runs in)
 
-// Two packed reals, like reduce_cpu.cpp's Complex, std::complex and c10::complex. Aligned as one
-// real, not two: a complex128 slice may start 8 bytes past a 16-byte boundary.
-template <class R>
-struct Complex {
-  R re, im;
-};
-static_assert(sizeof(Complex<float>) == 8 && sizeof(Complex<double>) == 16,
-              "complex must be two packed reals");
+using ops::Complex;
+using ops::IsComplex;
+using ops::kIsBool;
+using ops::kIsFloat;
+using ops::kIsInt;
+using ops::supported;
+using ops::Wide;
 
 // The textbook formulas, in the CPU's order of operations, so that each rounding is the same.
 template <class R>
@@ -122,11 +122,6 @@ template <class R>
 __device__ __forceinline__ Complex<R> mul(Complex<R> x, Complex<R> y) {
   return {sub(mul(x.re, y.re), mul(x.im, y.im)), add(mul(x.re, y.im), mul(x.im, y.re))};
 }
-
-template <class T>
-struct IsComplex : std::false_type {};
-template <class R>
-struct IsComplex<Complex<R>> : std::true_type {};
 
 template <class T>
 struct Native {
@@ -180,83 +175,22 @@ struct Bool {
   __device__ static Store store(Math v) { return static_cast<Store>(v); }
 };
 
-template <class M>
-constexpr bool kIsFloat = std::is_floating_point_v<M>;
-template <class M>
-constexpr bool kIsBool = std::is_same_v<M, bool>;
-template <class M>
-constexpr bool kIsInt = std::is_integral_v<M> && !kIsBool<M>;
-
-// Signed overflow is undefined and the narrow types promote to int: wrap in an unsigned type at
-// least as wide as unsigned int, as the CPU kernels (and torch, and NCCL) do.
-template <class M>
-using Wide = std::conditional_t<(sizeof(M) < sizeof(unsigned)), unsigned, std::make_unsigned_t<M>>;
-
-// ---------------------------------------------------------------------------------------------
-// Ops: the CPU's definitions, element for element
-
-struct OpSum {
+// ops.h's Sum and Prod compute with the x86-exact primitives above.
+struct DeviceArith {
   template <class M>
-  __device__ static M apply(M a, M b) {
-    if constexpr (kIsBool<M>) return a | b;
-    else if constexpr (kIsInt<M>) return static_cast<M>(Wide<M>(a) + Wide<M>(b));
-    else return add(a, b);
-  }
+  __device__ static M add(M a, M b) { return cuda::add(a, b); }
+  template <class M>
+  __device__ static M mul(M a, M b) { return cuda::mul(a, b); }
 };
 
-struct OpProd {
-  template <class M>
-  __device__ static M apply(M a, M b) {
-    if constexpr (kIsBool<M>) return a & b;
-    else if constexpr (kIsInt<M>) return static_cast<M>(Wide<M>(a) * Wide<M>(b));
-    else return mul(a, b);
-  }
-};
-
-// NaN-propagating selects, no arithmetic: the NaN that comes out is an input's, bit for bit
-// (unquieted, as on the CPU), and which one is fixed by the operand order written here.
-struct OpMin {
-  template <class M>
-  __device__ static M apply(M a, M b) {
-    if constexpr (kIsBool<M>) return a & b;
-    else if constexpr (kIsFloat<M>) return ((a < b) | (a != a)) ? a : b;
-    else return a < b ? a : b;
-  }
-};
-
-struct OpMax {
-  template <class M>
-  __device__ static M apply(M a, M b) {
-    if constexpr (kIsBool<M>) return a | b;
-    else if constexpr (kIsFloat<M>) return ((a > b) | (a != a)) ? a : b;
-    else return a > b ? a : b;
-  }
-};
-
-struct OpBAnd {
-  template <class M>
-  __device__ static M apply(M a, M b) { return static_cast<M>(a & b); }
-};
-struct OpBOr {
-  template <class M>
-  __device__ static M apply(M a, M b) { return static_cast<M>(a | b); }
-};
-struct OpBXor {
-  template <class M>
-  __device__ static M apply(M a, M b) { return static_cast<M>(a ^ b); }
-};
-
-// The compile-time mirror of unsupported_reason(), as in reduce_cpu.cpp.
-template <class K, class Op>
-constexpr bool supported() {
-  using M = typename K::Math;
-  if constexpr (std::is_same_v<Op, OpMin> || std::is_same_v<Op, OpMax>) return !IsComplex<M>::value;
-  if constexpr (std::is_same_v<Op, OpBAnd> || std::is_same_v<Op, OpBOr> ||
-                std::is_same_v<Op, OpBXor>) {
-    return kIsInt<M> || kIsBool<M>;
-  }
-  return true;
-}
+// The names kinds.h's op list uses.
+using OpSum = ops::Sum<DeviceArith>;
+using OpProd = ops::Prod<DeviceArith>;
+using OpMin = ops::Min;
+using OpMax = ops::Max;
+using OpBAnd = ops::BAnd;
+using OpBOr = ops::BOr;
+using OpBXor = ops::BXor;
 
 // Element maps for divide(). The divisor arrives already converted to the Math type (on the
 // host, with the same static_cast as the CPU), so the kernels only divide.
@@ -518,7 +452,7 @@ void launch_map(void* dst, const void* src, size_t n, cudaStream_t s, F f) {
 template <class F>
 void with_kind(DType t, const char* what, F&& f) {
   switch (t) {
-    RINGREDUCE_REDUCE_KINDS(RINGREDUCE_KIND_CASE)
+    RINGREDUCE_DTYPES(RINGREDUCE_KIND_CASE)
   }
   throw Error(
       detail::cat("ringreduce cuda ", what, ": unknown dtype tag ", static_cast<unsigned>(t)));

@@ -27,10 +27,10 @@ dis=$work/reduce_cpu_simd.dis
 objdump -d --no-show-raw-insn -C "$obj" >"$dis"
 
 # The instructions of every function whose demangled name is an fp32 sum loop
-# (reduce_distinct / reduce_into over Native<float> with OpSum), each line prefixed by that name.
+# (reduce_distinct / reduce_into over Native<float> with ops::Sum), each line prefixed by that name.
 body=$(awk '
   /^[0-9a-f]+ <.*>:$/ {
-    keep = ($0 ~ /reduce_(distinct|into)</ && $0 ~ /Native<float>, [^>]*OpSum/)
+    keep = ($0 ~ /reduce_(distinct|into)</ && $0 ~ /Native<float>, [^>]*ops::Sum</)
     name = $0
     gsub(/ringreduce::\(anonymous namespace\)::/, "", name)
     sub(/^[0-9a-f]+ <void /, "", name)
@@ -64,7 +64,7 @@ fi
 # The same for the all-reduce's last reduce-scatter step (reduce_map_twice[_into], fp32 sum, with
 # and without AVG's division): it runs on half of every all-reduced byte.
 fused=$(awk '
-  /^[0-9a-f]+ <.*>:$/ { keep = ($0 ~ /reduce_map_twice/ && $0 ~ /Native<float>, [^>]*OpSum/); next }
+  /^[0-9a-f]+ <.*>:$/ { keep = ($0 ~ /reduce_map_twice/ && $0 ~ /Native<float>, [^>]*ops::Sum</); next }
   keep && NF { print }
 ' "$dis")
 fused_packed=$(printf '%s\n' "$fused" | grep -cE '[[:space:]]v?addps[[:space:]]' || true)
