@@ -29,7 +29,9 @@ Why it is built this way:
   all-reduce is CPU-bound, so it slows with it. Each launch carries a CPU-speed probe (`cpu_probe`:
   a fixed pure-Python loop, in as many processes at once as the launch has ranks, just before and
   after the timed sizes), and the spread table splits each backend's launches into CPU-normal and
-  CPU-slow ones, so a slow launch of the machine does not read as a slow launch of a backend.
+  CPU-slow ones, so a launch where the CPU ran slow does not read as a slow launch of a backend.
+  The probe keeps its fastest run: it measures the CPU's speed, not its share, and a launch slowed
+  by other processes on the cores reads CPU-normal.
 - One timing loop for every backend (`_time_sizes`): at each size, WARMUP untimed iterations, a
   barrier, then as many iterations as last about --seconds (the count from the slowest rank's
   warm-up, so the same on every rank); the time is the slowest rank's mean. Barriers and that
