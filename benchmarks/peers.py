@@ -24,6 +24,14 @@ Why it is built this way:
   backend order rotated each round, and a cell is the median over rounds; with more than one, a
   second table shows each size's best, median and worst launch per backend, and worst/best.
   Quote ratios from one run, not absolute times.
+- Some spells are the CPU itself running slower (on the 2-core development VM, the same
+  CPU-bound Python + torch loop took 1.7x as long in some launches as in the rest), and a small
+  all-reduce is CPU-bound, so it slows with it. Each launch carries a CPU-speed probe (`cpu_probe`:
+  a fixed pure-Python loop, in as many processes at once as the launch has ranks, just before and
+  after the timed sizes), and the spread table splits each backend's launches into CPU-normal and
+  CPU-slow ones, so a launch where the CPU ran slow does not read as a slow launch of a backend.
+  The probe keeps its fastest run: it measures the CPU's speed, not its share, and a launch slowed
+  by other processes on the cores reads CPU-normal.
 - One timing loop for every backend (`_time_sizes`): at each size, WARMUP untimed iterations, a
   barrier, then as many iterations as last about --seconds (the count from the slowest rank's
   warm-up, so the same on every rank); the time is the slowest rank's mean. Barriers and that
@@ -55,6 +63,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -91,6 +100,12 @@ DS_SHM_PREFIX = "deepspeed_allreduce_buffer"
 # The shm kernels' ISA needs, as deepspeed.comm.torch.TorchBackend.inference_all_reduce tests them:
 # fp32 needs avx2 (level 1), bf16 and fp16 avx512bw (level 2); below that it falls back to gloo.
 DS_KERNEL_LEVEL = {"float32": (1, "avx2"), "bfloat16": (2, "avx512bw")}
+# The CPU-speed probe (cpu_probe): PROBE_CHUNKS runs of a pure-Python loop of PROBE_ITERS additions,
+# about 1 ms each here, 20 ms in all. A launch whose probe is over SLOW_CPU x the best probe at its
+# world is counted as "CPU slow" in the spread table.
+PROBE_ITERS = 40_000
+PROBE_CHUNKS = 20
+SLOW_CPU = 1.3
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -134,6 +149,62 @@ def _ratio_cell(value: float) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------
+# The CPU-speed probe
+#
+# On a shared VM a launch can land where a CPU itself runs slower: the same Python + torch work
+# takes ~1.7x as long as in the next launch, with no communication involved. At 1 KiB an
+# all-reduce is CPU-bound work of that kind, so it slows by as much, and a slow launch of the
+# machine would read as a slow launch of the backend. Each launch therefore carries a probe of the
+# CPU's speed, taken with as many processes running it at once as the launch has ranks.
+
+
+def cpu_probe() -> float:
+    """ns per iteration of a fixed pure-Python loop: the fastest of PROBE_CHUNKS chunks, so that a
+    chunk stretched by the scheduler (another process took the core during it) does not count,
+    while a CPU that runs slowly through the whole probe does."""
+    best = math.inf
+    for _ in range(PROBE_CHUNKS):
+        x = 0
+        start = time.perf_counter()
+        for i in range(PROBE_ITERS):
+            x += i
+        best = min(best, time.perf_counter() - start)
+    return best / PROBE_ITERS * 1e9
+
+
+def cpu_probe_processes(count: int) -> float:
+    """The probe in `count` forked processes started together (the native drivers' launches are
+    C programs under mpiexec, so their probe is taken here, just before and just after the
+    launch): the slowest process's result, as the ranks report the slowest rank's."""
+    start = time.monotonic() + 0.005  # every child waits for this, so that all of them overlap
+    children = []
+    for _ in range(count):
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: nothing but the probe, then out without the parent's clean-up
+            code = 1
+            try:
+                os.close(read)
+                while time.monotonic() < start:
+                    pass
+                os.write(write, repr(cpu_probe()).encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write)
+        children.append((pid, read))
+    results = []
+    for pid, read in children:
+        with os.fdopen(read, "rb") as f:
+            text = f.read()
+        _, status = os.waitpid(pid, 0)
+        if not text:
+            raise RuntimeError(f"the CPU probe's process {pid} ended with status {status} and no result")
+        results.append(float(text))
+    return max(results)
+
+
+# ---------------------------------------------------------------------------------------------------
 # Inside the ranks: one timing loop for every backend
 
 
@@ -149,6 +220,19 @@ class Comm:
     allreduce: Callable[[object], None]  # SUM, in place
     barrier: Callable[[], None]
     allmax: Callable[[float], float]
+
+
+def _rank_probe(comm: Comm) -> float:
+    """The probe in every rank at once (a barrier first): the slowest rank's."""
+    comm.barrier()
+    return comm.allmax(cpu_probe())
+
+
+def _probe_record(before: float, after: float, by: str) -> dict:
+    """A launch's probe, taken just before its timed sizes and just after them (the CPU's speed can
+    change within a launch): the launch counts by the slower of the two."""
+    return {"cpu_probe_ns": max(before, after), "cpu_probe_before_ns": before, "cpu_probe_after_ns": after,
+            "cpu_probe_by": by}
 
 
 def _time_sizes(comm: Comm, sizes: list[int], itemsize: int, seconds: float) -> list[dict]:
@@ -284,9 +368,11 @@ def _torch_worker(backend: str, dtype: str, sizes: list[int], seconds: float) ->
                                   for n in sizes}
             if hasattr(pg, "algorithms"):
                 info["table"] = str(pg.algorithms)
+    before = _rank_probe(comm)
     rows = _time_sizes(comm, sizes, tdtype.itemsize, seconds)
+    probes = _probe_record(before, _rank_probe(comm), "ranks")
     dist.destroy_process_group()
-    return comm.rank, {"rows": rows, **info}
+    return comm.rank, {"rows": rows, **probes, **info}
 
 
 def _mpi_worker(dtype: str, sizes: list[int], seconds: float) -> tuple[int, dict]:
@@ -302,7 +388,9 @@ def _mpi_worker(dtype: str, sizes: list[int], seconds: float) -> tuple[int, dict
                 zeros=lambda n: np.zeros(n, dtype=np.float32),
                 allreduce=lambda buf: world.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM),
                 barrier=control.Barrier, allmax=lambda x: control.allreduce(x, op=MPI.MAX))
-    return comm.rank, {"rows": _time_sizes(comm, sizes, DTYPES[dtype], seconds)}
+    before = _rank_probe(comm)
+    rows = _time_sizes(comm, sizes, DTYPES[dtype], seconds)
+    return comm.rank, {"rows": rows, **_probe_record(before, _rank_probe(comm), "ranks")}
 
 
 def worker_main(argv: list[str]) -> None:
@@ -489,6 +577,10 @@ def launch(peer: Peer, world: int, args, tmp: str) -> dict:
             env.update(DS_ACCELERATOR="cpu", LOCAL_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
         commands = [([peer.python, *worker], dict(env, RANK=str(r), LOCAL_RANK=str(r)),
                      os.path.join(tmp, f"{peer.name}-{world}-rank{r}.log")) for r in range(world)]
+    # The native drivers are C programs: their probe runs here, in as many processes as the launch
+    # has ranks (up to a core each), immediately before it and immediately after it.
+    probers = min(world, os.cpu_count() or 1)
+    before = cpu_probe_processes(probers) if peer.name in peers_native.NATIVE else None
     procs = []
     try:
         for cmd, cmd_env, log in commands:
@@ -503,8 +595,13 @@ def launch(peer: Peer, world: int, args, tmp: str) -> dict:
                 path = f"/dev/shm/{DS_SHM_PREFIX}_{os.getuid()}_127.0.0.1_{port}_{rank}"
                 if os.path.exists(path):
                     os.remove(path)
+    if before is not None:
+        after = cpu_probe_processes(probers)
     with open(out) as f:
-        return json.load(f)
+        result = json.load(f)
+    if before is not None:
+        result.update(_probe_record(before, after, "parent"))
+    return result
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -551,6 +648,13 @@ def header(args, peers: dict[str, Peer]) -> list[str]:
         "Python wrapper), on a ringreduce default group, in a launch of its own",
         "# gloo: torch.distributed all_reduce, backend gloo",
     ]
+    probe = (f"CPU probe, per launch, for the spread table: a pure-Python loop of {PROBE_ITERS} additions run "
+             f"{PROBE_CHUNKS} times, the fastest run's ns per iteration, in as many processes at once as the launch "
+             "has ranks, the slowest process's; taken just before and just after the timed sizes, the launch's "
+             "probe the slower of the two. Taken in the ranks (after a barrier) for ringreduce, rr-direct, gloo, "
+             "OpenMPI (mpi4py) and DeepSpeed; for Intel MPI and oneCCL (C programs) in min(world, cores) processes "
+             "forked by peers.py immediately before and after the launch")
+    lines += ["# " + x for x in textwrap.wrap(probe, 118)]
     if peers["direct"].na:
         lines.append(f"# rr-direct: n/a ({peers['direct'].na})")
     for name in PEERS:
@@ -599,6 +703,7 @@ class Results:
     """Every launch's rows, gathered over rounds: times[(backend, world, nbytes)] = [seconds, ...]."""
 
     times: dict = field(default_factory=dict)
+    probes: dict = field(default_factory=dict)  # the same keys: each launch's CPU probe (ns), or None
     algorithms: dict = field(default_factory=dict)  # world -> {nbytes: name}
     tables: dict = field(default_factory=dict)  # world -> ringreduce's description of its crossovers
     runs: list = field(default_factory=list)
@@ -607,6 +712,7 @@ class Results:
         self.runs.append({"round": rnd, "backend": backend, "world": world, **result})
         for row in result["rows"]:
             self.times.setdefault((backend, world, row["bytes"]), []).append(row["time_s"])
+            self.probes.setdefault((backend, world, row["bytes"]), []).append(result.get("cpu_probe_ns"))
         if backend == "ringreduce" and "algorithms" in result:
             self.algorithms[world] = {int(k): v for k, v in result["algorithms"].items()}
         if backend == "ringreduce" and "table" in result:
@@ -616,6 +722,7 @@ class Results:
         """Forget a backend's times: one that failed in a later round is a column of n/a, not a
         median over the rounds it happened to finish."""
         self.times = {k: v for k, v in self.times.items() if k[0] != backend}
+        self.probes = {k: v for k, v in self.probes.items() if k[0] != backend}
 
     def median(self, backend: str, world: int, nbytes: int) -> float | None:
         got = self.times.get((backend, world, nbytes))
@@ -625,6 +732,27 @@ class Results:
         """(best, median, worst) of the launches' times, in seconds; None where none ran."""
         got = self.times.get((backend, world, nbytes))
         return (min(got), statistics.median(got), max(got)) if got else None
+
+    def cpu_probes(self, world: int) -> list[float]:
+        """Every launch's CPU probe at `world`, in ns, whichever backend it ran (it measures the machine)."""
+        return [r["cpu_probe_ns"] for r in self.runs if r["world"] == world and r.get("cpu_probe_ns")]
+
+    def slow_cpu_limit(self, world: int) -> float | None:
+        """The probe above which a launch at `world` counts as CPU slow: SLOW_CPU x the best one."""
+        got = self.cpu_probes(world)
+        return SLOW_CPU * min(got) if got else None
+
+    def split(self, backend: str, world: int, nbytes: int) -> tuple[float | None, float | None, int, int]:
+        """(median time over the CPU-normal launches, over the CPU-slow ones, how many were CPU slow,
+        how many had a probe); a median is None where no launch was of that kind."""
+        limit = self.slow_cpu_limit(world)
+        pairs = zip(self.times.get((backend, world, nbytes), []), self.probes.get((backend, world, nbytes), []))
+        normal, slow = [], []
+        for t, probe in pairs:
+            if probe and limit:
+                (slow if probe > limit else normal).append(t)
+        return (statistics.median(normal) if normal else None, statistics.median(slow) if slow else None,
+                len(slow), len(normal) + len(slow))
 
 
 def table(world: int, args, peers: dict[str, Peer], res: Results) -> list[str]:
@@ -688,31 +816,50 @@ def summary(world: int, sizes: list[int], res: Results) -> list[str]:
 
 
 SPREAD_COLUMNS = [("size(B)", 12), ("backend", 10), ("best(us)", 10), ("median(us)", 10), ("worst(us)", 10),
-                  ("busbw(GB/s)", 11), ("worst/best", 10)]
+                  ("busbw(GB/s)", 11), ("worst/best", 10), ("cpu-ok(us)", 10), ("cpu-slow(us)", 12),
+                  ("slow/all", 8)]
+
+
+def _us(seconds: float | None) -> str:
+    return f"{seconds * 1e6:.1f}" if seconds is not None else "-"
 
 
 def spread(world: int, args, res: Results) -> list[str]:
-    """With more than one launch per backend: each size's best, median and worst launch per
-    backend, busbw at the median and worst/best; then per backend worst/best at the smallest and
-    the largest size. The same table as `python -m ringreduce.bench --launches N` prints."""
+    """With more than one launch per backend: the CPU probe's spread over the launches at this
+    world; each size's best, median and worst launch per backend, busbw at the median, worst/best,
+    and the median over the launches where the CPU ran at its normal speed and over those where it
+    ran slow; then per backend worst/best at the smallest and the largest size. The first seven
+    columns are the table `python -m ringreduce.bench --launches N` prints."""
     n = args.rounds
     widths = [w for _, w in SPREAD_COLUMNS]
 
     def line(prefix: str, cells: list[str]) -> str:
         return prefix + " ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True))
 
-    lines = [f"# world {world}: spread over {n} launches per backend: best, median and worst = the least, the "
-             "median and the greatest of the launches' times; busbw at the median; worst/best = the worst "
-             "launch's time / the best's",
-             line("# ", [name for name, _ in SPREAD_COLUMNS])]
+    lines = [f"# world {world}: spread over {n} launches per backend: best, median and worst = the least, the median",
+             "# and the greatest of the launches' times; busbw at the median; worst/best = the worst launch's time /",
+             "# the best's; cpu-ok, cpu-slow = the median over the launches that were CPU-normal, CPU-slow (by the",
+             "# CPU probe below; \"-\": none of that kind); slow/all = CPU-slow launches / launches with a probe"]
+    probes = res.cpu_probes(world)
+    if probes:
+        limit = res.slow_cpu_limit(world)
+        slow = sum(p > limit for p in probes)
+        lines += [f"# world {world}: CPU probe (ns per loop iteration; see the header) over its {len(probes)} launches: "
+                  f"best {min(probes):.1f}, median {statistics.median(probes):.1f},",
+                  f"# worst {max(probes):.1f} (worst/best {max(probes) / min(probes):.2f}); CPU slow = probe > "
+                  f"{SLOW_CPU:g}x the best: {slow} of {len(probes)} launches"]
+    else:
+        lines.append(f"# world {world}: no launch has a CPU probe")
+    lines.append(line("# ", [name for name, _ in SPREAD_COLUMNS]))
     for nbytes in args.sizes:
         for b in BACKENDS:
             got = res.spread(b, world, nbytes)
             if got:
                 best, median, worst = got
-                lines.append(line("  ", [str(nbytes), LABELS[b], f"{best * 1e6:.1f}", f"{median * 1e6:.1f}",
-                                         f"{worst * 1e6:.1f}", f"{busbw_gbps(nbytes, world, median):.3g}",
-                                         f"{worst / best:.2f}"]))
+                normal, slow, n_slow, n_probed = res.split(b, world, nbytes)
+                lines.append(line("  ", [str(nbytes), LABELS[b], _us(best), _us(median), _us(worst),
+                                         f"{busbw_gbps(nbytes, world, median):.3g}", f"{worst / best:.2f}",
+                                         _us(normal), _us(slow), f"{n_slow}/{n_probed}"]))
     ends = sorted({args.sizes[0], args.sizes[-1]})
     for b in BACKENDS:
         parts = []
@@ -725,6 +872,10 @@ def spread(world: int, args, res: Results) -> list[str]:
     return lines
 
 
+def _us_or_none(seconds: float | None) -> float | None:
+    return seconds * 1e6 if seconds is not None else None
+
+
 def write_json(path: str, args, peers: dict[str, Peer], res: Results, head: list[str]) -> None:
     itemsize = DTYPES[args.dtype]
     results = []
@@ -733,6 +884,7 @@ def write_json(path: str, args, peers: dict[str, Peer], res: Results, head: list
             for b in BACKENDS:
                 t = res.median(b, world, nbytes)
                 got = res.spread(b, world, nbytes)
+                split = res.split(b, world, nbytes)
                 results.append({
                     "backend": b, "world": world, "bytes": nbytes, "count": nbytes // itemsize,
                     "dtype": args.dtype, "op": "sum",
@@ -743,9 +895,24 @@ def write_json(path: str, args, peers: dict[str, Peer], res: Results, head: list
                     "best_us": got[0] * 1e6 if got else None,
                     "worst_us": got[2] * 1e6 if got else None,
                     "worst_over_best": got[2] / got[0] if got else None,
+                    "cpu_normal_median_us": _us_or_none(split[0]), "cpu_slow_median_us": _us_or_none(split[1]),
+                    "cpu_slow_launches": split[2],
                     "unavailable": peers[b].missing or peers[b].na or None,
                 })
-    doc = {"header": [h.lstrip("# ") for h in head], "results": results, "launches": res.runs,
+    launches = []
+    for run in res.runs:
+        limit, probe = res.slow_cpu_limit(run["world"]), run.get("cpu_probe_ns")
+        launches.append({**run, "cpu_slow": probe > limit if probe and limit else None})
+    probes = {}
+    for world in args.nproc:
+        got = res.cpu_probes(world)
+        if got:
+            probes[str(world)] = {"unit": "ns per iteration", "best": min(got), "median": statistics.median(got),
+                                  "worst": max(got), "slow_above": res.slow_cpu_limit(world),
+                                  "slow_launches": sum(p > res.slow_cpu_limit(world) for p in got),
+                                  "launches": len(got)}
+    doc = {"header": [h.lstrip("# ") for h in head], "results": results, "launches": launches,
+           "cpu_probe": probes,
            "peers": {name: {"version": p.version, "missing": p.missing, "na": p.na, **p.info}
                      for name, p in peers.items() if name not in ESSENTIAL}}
     with open(path, "w") as f:

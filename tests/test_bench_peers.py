@@ -109,18 +109,46 @@ def test_launches_print_the_spread(tmp_path):
     assert [(int(r[0]), r[1]) for r in rows] == [(n, b) for n in (1024, 4096)
                                                  for b in ("ringreduce", "rr-direct", "gloo")]
     for r in rows:
-        best, median, worst, busbw, ratio = map(float, r[2:])
+        best, median, worst, busbw, ratio = map(float, r[2:7])
         assert 0 < best <= median <= worst and busbw > 0 and ratio >= 1, r
+        # The medians over the CPU-normal and the CPU-slow launches: "-" where none was of that kind.
+        slow, probed = map(int, r[9].split("/"))
+        assert probed == 2 and 0 <= slow <= 2, r
+        assert (r[7] == "-") == (slow == 2) and (slow == 2 or best <= float(r[7]) <= worst), r
+        assert (r[8] == "-") == (slow == 0) and (slow == 0 or best <= float(r[8]) <= worst), r
+    # The launch with the best probe, whichever backend's, is never CPU slow.
+    assert min(int(r[9].split("/")[0]) for r in rows) < 2, rows
+    spread_lines = out.stdout[out.stdout.index("# world 2: spread over"):].splitlines()
+    assert all(len(x) <= 120 for x in spread_lines), spread_lines
+    m = re.search(r"^# world 2: CPU probe \(ns per loop iteration; see the header\) over its 6 launches: "
+                  r"best ([\d.]+), median ([\d.]+),\n# worst ([\d.]+) \(worst/best [\d.]+\); CPU slow = probe > "
+                  r"1.3x the best: (\d+) of 6 launches$", out.stdout, re.M)
+    assert m, out.stdout
+    assert 0 < float(m.group(1)) <= float(m.group(2)) <= float(m.group(3)), m.group(0)
+    said = " ".join(x[2:] for x in out.stdout.splitlines() if x.startswith("# "))
+    assert ("the launch's probe the slower of the two. Taken in the ranks (after a barrier) for ringreduce, "
+            "rr-direct, gloo, OpenMPI (mpi4py) and DeepSpeed; for Intel MPI and oneCCL (C programs) in min(world, "
+            "cores) processes forked by peers.py") in said, out.stdout
     for b in ("ringreduce", "rr-direct", "gloo"):
         assert re.search(rf"^# world 2, {b}: spread over 2 launches: 1KiB worst/best = [\d.]+, 4KiB worst/best = "
                          r"[\d.]+$", out.stdout, re.M), out.stdout
     doc = json.loads(path.read_text())
     assert sorted((x["round"], x["backend"]) for x in doc["launches"]) == [
         (r, b) for r in (0, 1) for b in ("direct", "gloo", "ringreduce")]
+    probe = doc["cpu_probe"]["2"]
+    assert probe["launches"] == 6 and probe["slow_launches"] == int(m.group(4)), probe
+    assert probe["best"] <= probe["median"] <= probe["worst"] and probe["slow_above"] == 1.3 * probe["best"], probe
+    for x in doc["launches"]:
+        assert x["cpu_probe_by"] == "ranks" and isinstance(x["cpu_slow"], bool), x
+        assert x["cpu_probe_ns"] == max(x["cpu_probe_before_ns"], x["cpu_probe_after_ns"]) > 0, x
+        assert x["cpu_slow"] == (x["cpu_probe_ns"] > probe["slow_above"]), x
     for r in doc["results"]:
         if r["backend"] in ("ringreduce", "direct", "gloo"):
             assert len(r["rounds_us"]) == 2, r
             assert r["best_us"] == min(r["rounds_us"]) and r["worst_us"] == max(r["rounds_us"]), r
+            assert 0 <= r["cpu_slow_launches"] <= 2, r
+            assert (r["cpu_normal_median_us"] is None) == (r["cpu_slow_launches"] == 2), r
+            assert (r["cpu_slow_median_us"] is None) == (r["cpu_slow_launches"] == 0), r
 
 
 def test_results_spread_is_best_median_worst():
@@ -128,6 +156,36 @@ def test_results_spread_is_best_median_worst():
     res.add(0, "ringreduce", 2, {"rows": [{"bytes": 1024, "time_s": 1e-5, "iters": 1}]})
     assert res.spread("ringreduce", 2, 1024) == (1e-5, 1e-5, 1e-5)
     assert res.spread("gloo", 2, 1024) is None
+
+
+def _launch(rnd, backend, time_s, probe_ns):
+    return rnd, backend, 2, {"rows": [{"bytes": 1024, "time_s": time_s, "iters": 1}], "cpu_probe_ns": probe_ns}
+
+
+def test_spread_splits_launches_by_the_cpu_probe():
+    # Probes of 20, 21 and 30 ns: slow above 1.3 x 20 = 26, so the third round's launches are CPU
+    # slow. ringreduce's times follow the CPU; gloo has no slow launch of the CPU but one of its own.
+    res = peers.Results()
+    for rnd, probe, rr, gloo in ((0, 20.0, 5e-6, 9e-6), (1, 21.0, 6e-6, 30e-6), (2, 30.0, 9e-6, 10e-6)):
+        res.add(*_launch(rnd, "ringreduce", rr, probe))
+        res.add(*_launch(rnd, "gloo", gloo, probe + 1 if rnd < 2 else 20.5))
+    assert res.slow_cpu_limit(2) == pytest.approx(26.0) and res.slow_cpu_limit(4) is None
+    assert res.split("ringreduce", 2, 1024) == pytest.approx((5.5e-6, 9e-6, 1, 3))
+    assert res.split("gloo", 2, 1024) == (10e-6, None, 0, 3)
+    lines = peers.spread(2, peers.parse_args(["-g", "2", "--sizes", "1K", "--launches", "3"]), res)
+    assert all(len(x) <= 120 for x in lines), lines
+    assert "# world 2: CPU probe (ns per loop iteration; see the header) over its 6 launches: best 20.0, median 21.0," \
+        in lines
+    assert "# worst 30.0 (worst/best 1.50); CPU slow = probe > 1.3x the best: 1 of 6 launches" in lines
+    columns = next(x for x in lines if x.startswith("#      size(B)")).split()[1:]
+    assert columns[-3:] == ["cpu-ok(us)", "cpu-slow(us)", "slow/all"], columns
+    rows = {x.split()[1]: x.split()[7:] for x in lines if not x.startswith("#")}
+    assert rows == {"ringreduce": ["5.5", "9.0", "1/3"], "gloo": ["10.0", "-", "0/3"]}, lines
+
+
+def test_cpu_probe_in_processes_at_once():
+    assert peers.cpu_probe() > 0
+    assert peers.cpu_probe_processes(2) > 0
 
 
 def test_parse_args_launches_is_rounds(capsys):
