@@ -768,3 +768,47 @@ def test_a_timed_out_barrier_says_timed_out(ranks, backend):
         pytest.skip("checks ringreduce's message")
     pool = ranks(2)
     assert pool.run(_rank_barrier_timeout, timeout=60) == [None, None]
+
+
+DTYPE_LIST_WORKER = r'''
+import json, os, re
+import torch
+import torch.distributed as dist
+import ringreduce  # noqa: F401
+dist.init_process_group("ringreduce")
+every = sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str)
+# The backend itself: torch's all_reduce would hand it a complex tensor as real pairs.
+be = dist.group.WORLD._get_backend(torch.device("cpu"))
+ok, refused, listed = [], {}, set()
+for dt in every:
+    try:
+        t = torch.zeros(4, dtype=dt)
+    except Exception:
+        continue  # a dtype torch cannot make a dense CPU tensor of
+    try:
+        be.allreduce([t]).wait()
+        ok.append(str(dt).replace("torch.", ""))
+    except RuntimeError as e:
+        refused[str(dt)] = str(e)
+        m = re.search(r"is not supported \(supported: ([^)]*)\)", str(e))
+        if m:
+            listed.add(m.group(1))
+with open(os.path.join(os.environ["OUT"], f"rank{dist.get_rank()}.json"), "w") as f:
+    json.dump({"ok": ok, "refused": refused, "listed": sorted(listed)}, f)
+os._exit(0)
+'''
+
+
+def test_the_supported_dtypes_in_errors_are_the_dtypes_that_work(tmp_path, backend):
+    """Every torch dtype tried at world 1: the ones refused all say the same list of supported
+    dtypes, and that list is exactly the ones that went through (it is made from the dtype list
+    the kernels dispatch on, not typed into the error)."""
+    if backend != "ringreduce":
+        pytest.skip("ringreduce's own error text")
+    results, _, why = harness.launch_script_ranks(tmp_path, 1, DTYPE_LIST_WORKER, "dtypes", {})
+    r = results[0]
+    assert len(r["listed"]) == 1, why  # one list, whatever dtype was refused
+    listed = r["listed"][0].split(", ")
+    assert sorted(listed) == sorted(r["ok"]), why
+    assert r["refused"] and all("is not supported" in e for e in r["refused"].values()), why
+    assert {"float32", "bfloat16", "complex128", "bool"} <= set(listed), why
