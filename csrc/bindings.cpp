@@ -7,6 +7,7 @@
 
 #include <cstring>
 
+#include "algo/select.h"
 #include "backend/knobs.h"
 #include "backend/ring_backend.h"
 #include "bucket/buckets.h"
@@ -203,6 +204,21 @@ PYBIND11_MODULE(_C, m) {
       "Every RINGREDUCE_* environment variable (backend/knobs.h), each a dict of name, default "
       "(as docs/knobs.md gives it), kind, scope ('agreed', 'per rank', 'per process', 'build', "
       "'test') and meaning.");
+  m.def(
+      "algorithms",
+      [] {
+        py::list out;
+        for (const ringreduce::AlgoInfo& a : ringreduce::algorithm_list()) {
+          py::dict d;
+          d["name"] = a.name;
+          d["serves"] = a.serves;
+          d["what"] = a.what;
+          out.append(d);
+        }
+        return out;
+      },
+      "Every value of RINGREDUCE_ALGO and set_algorithm (algo/select.h's list), each a dict of "
+      "name, serves (the collectives it carries where it applies) and what.");
   m.def("simd_level", &ringreduce::simd_level,
         "Which copy of the CPU reduction loops this process runs (chosen from the CPU at load time)");
 }

@@ -7,7 +7,9 @@ variables set (naming any that is no knob of ringreduce's: a typo is otherwise s
 Paste it into a bug report.
 
 ``python -m ringreduce.info --knobs`` lists every knob instead, with its default and meaning (the
-table in csrc/backend/knobs.h; docs/knobs.md says more).
+table in csrc/backend/knobs.h; docs/knobs.md says more); ``--algorithms`` every algorithm that
+RINGREDUCE_ALGO can name, with the collectives it serves (the list in csrc/algo/select.h;
+docs/algorithms.md says more).
 """
 
 import os
@@ -101,12 +103,23 @@ def knob_lines():
             for k in knobs]
 
 
+def algorithm_lines():
+    """One line per algorithm of the extension's list: name, what it is, the collectives it serves."""
+    import ringreduce
+    algos = ringreduce.load_extension().algorithms()
+    width = max(len(a["name"]) for a in algos)
+    return [f"{a['name']:<{width}}  {a['what']}; serves {a['serves']}" for a in algos]
+
+
 def main(argv=None):
     import argparse
     ap = argparse.ArgumentParser(prog="python -m ringreduce.info", description=__doc__.splitlines()[0])
-    ap.add_argument("--knobs", action="store_true", help="list every RINGREDUCE_* knob instead")
+    which = ap.add_mutually_exclusive_group()
+    which.add_argument("--knobs", action="store_true", help="list every RINGREDUCE_* knob instead")
+    which.add_argument("--algorithms", action="store_true",
+                       help="list every algorithm RINGREDUCE_ALGO can name instead")
     args = ap.parse_args(argv)
-    for line in knob_lines() if args.knobs else lines():
+    for line in knob_lines() if args.knobs else algorithm_lines() if args.algorithms else lines():
         print(line)
     return 0
 

@@ -206,3 +206,33 @@ def test_a_rank_whose_agreed_knob_differs_from_rank0s_is_warned(tmp_path, standi
     for line in ("rank 1: RINGREDUCE_SLOTS=8 is not used: the group uses rank 0's value, slots=4",
                  "rank 1: RINGREDUCE_ALGO=ring is not used: the group uses rank 0's value, algo=auto"):
         assert rank1.count(line) == 1, why
+
+
+def test_the_algorithm_list_the_knob_text_and_the_docs_agree(knobs):
+    """One list of algorithms (csrc/algo/select.h, as ringreduce._C.algorithms()): RINGREDUCE_ALGO's
+    text in the knob table and in docs/knobs.md names each of them, docs/algorithms.md's table
+    is that list row for row, and info --algorithms prints them."""
+    from ringreduce import load_extension
+    algos = load_extension().algorithms()
+    names = [a["name"] for a in algos]
+    assert names[:2] == ["auto", "ring"], names
+    meaning = knobs["RINGREDUCE_ALGO"]["meaning"]
+    doc_cell = " ".join(_doc_rows()["RINGREDUCE_ALGO"].values())
+    for n in names:
+        assert re.search(rf"\b{n}\b", meaning), (n, meaning)
+        assert re.search(rf"\b{n}\b", doc_cell), (n, doc_cell)
+    # Neither names an algorithm the list lacks: every word of the knob text's list is a name.
+    listed = re.findall(r"\b([a-z]+)\b(?=,| or |$| \()", meaning)
+    assert set(listed) <= set(names), (listed, names)
+
+    rows = []
+    with open(os.path.join(ROOT, "docs", "algorithms.md")) as f:
+        for line in f:
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if line.startswith("| `") and len(cells) == 3:
+                rows.append({"name": cells[0].strip("`"), "what": cells[1], "serves": cells[2]})
+    assert rows == [{"name": a["name"], "what": a["what"], "serves": a["serves"]} for a in algos], rows
+
+    out = subprocess.run([sys.executable, "-m", "ringreduce.info", "--algorithms"], capture_output=True,
+                         text=True, check=True, cwd=ROOT).stdout.splitlines()
+    assert [line.split()[0] for line in out] == names, out

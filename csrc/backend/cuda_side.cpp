@@ -64,8 +64,15 @@ struct CudaSide::Impl {
       ring_ = std::make_unique<Ring>(*transport, cfg.slice_bytes, *kernels);
     }
     ring_->set_check_fingerprints(cfg.check_fingerprints);
-    // Device memory has no shared window: every size goes around the ring.
-    coll_ = std::make_unique<Collectives>(*ring_, nullptr, Selector(size, 0, Algo::Ring));
+    // Device memory has no shared window: the selector, told so, sends every size around the ring,
+    // whatever RINGREDUCE_ALGO forces for host tensors. A forced algorithm that does not apply
+    // here is said once per group, by rank 0, rather than ignored in silence.
+    const Selector selector(size, 0, cfg.algo);
+    if (rank == 0 && cfg.algo != Algo::Auto && cfg.algo != Algo::Ring) {
+      log::note(rank, detail::cat("RINGREDUCE_ALGO=", algo_name(cfg.algo), " does not apply to CUDA ",
+                                  "tensors (device memory has no shared window): they take the ring"));
+    }
+    coll_ = std::make_unique<Collectives>(*ring_, nullptr, selector);
     std::lock_guard<std::mutex> lock(mu);
     name = ipc ? "cuda_ipc" : "staged";
     return *coll_;
