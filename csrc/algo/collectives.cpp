@@ -2,6 +2,7 @@
 
 #include "algo/oneshot.h"
 #include "algo/twoshot.h"
+#include "common/error.h"
 
 namespace ringreduce {
 
@@ -30,9 +31,14 @@ Collectives::Collectives(Ring& ring, PeerWindow* window, const Selector& selecto
       size_(ring.size()) {}
 
 Algo Collectives::algorithm(OpKind kind, size_t bytes) const {
-  if (hier_ && kind == OpKind::Allreduce) return sel_.allreduce(bytes);
-  if (w_ == nullptr || size_ == 1) return Algo::Ring;
-  return kind == OpKind::Allreduce ? sel_.allreduce(bytes) : sel_.other(kind, bytes);
+  const Algo a = kind == OpKind::Allreduce ? sel_.allreduce(bytes) : sel_.other(kind, bytes);
+  // The selector was given no window where there is none (the caller's contract): a window
+  // algorithm here would be a bug, not a choice.
+  RR_CHECK(a == Algo::Ring || a == Algo::Hierarchical ? true : w_ != nullptr,
+           "ringreduce: the selector chose ", algo_name(a), " for a group without a shared window");
+  RR_CHECK(a != Algo::Hierarchical || hier_ != nullptr,
+           "ringreduce: the selector chose hierarchical for a group without its layout");
+  return a;
 }
 
 void Collectives::allreduce(const void* in, void* out, size_t count, DType t, RedOp op,

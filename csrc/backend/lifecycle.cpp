@@ -86,14 +86,18 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     ring_->set_check_fingerprints(config_.check_fingerprints);
     ring_->slot_writes().configure(config_.stream, config_.stream_bytes, rank);
     const HostLayout& hosts = links_->hosts();
-    const Selector selector(size, config_.window_bytes, config_.algo, hosts.hosts(), hosts.per_host());
+    // The selector is told what the transport offers (no window over TCP, or across hosts), so
+    // that every choice, and what `algorithms` reports, is made there.
+    PeerWindow* window = links_->transport().window();
+    const Selector selector(size, window != nullptr ? config_.window_bytes : 0, config_.algo,
+                            hosts.hosts(), hosts.per_host());
     std::unique_ptr<Hierarchical> hierarchical;
     if (selector.hierarchical()) {
       hierarchical = std::make_unique<Hierarchical>(links_->transport(), hosts, config_.slice_bytes,
                                                     config_.check_fingerprints);
       hierarchical->host_slot_writes().configure(config_.stream, config_.stream_bytes, rank);
     }
-    algo_ = std::make_unique<Collectives>(*ring_, links_->transport().window(), selector,
+    algo_ = std::make_unique<Collectives>(*ring_, window, selector,
                                           std::move(hierarchical));
     algo_->window_writes().configure(config_.stream, config_.stream_bytes, rank);
 #ifdef RINGREDUCE_WITH_CUDA
