@@ -497,10 +497,12 @@ def test_the_timeout_follows_the_chain_of_waits_to_the_stopped_rank(tmp_path, ba
     assert not leaked
 
 
-def test_a_stopped_rank_resumed_in_send_recv_finds_the_group_aborted_at_once(tmp_path, backend):
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_a_stopped_rank_resumed_in_send_recv_finds_the_group_aborted_at_once(tmp_path, backend,
+                                                                            transport):
     """Its peers timed out waiting for it and aborted the group, keeping their processes: once
     resumed, the rank's pending send or receive fails with their reason at once, not at its own
-    deadline."""
+    deadline, over shared memory as over TCP."""
     if backend != "ringreduce":
         pytest.skip("faults of ringreduce's transports")
     world, timeout_s = 3, 6
@@ -522,7 +524,7 @@ def test_a_stopped_rank_resumed_in_send_recv_finds_the_group_aborted_at_once(tmp
         procs[1].send_signal(signal.SIGCONT)
 
     results, outputs, leaked = _launch(
-        tmp_path, world, "stop_p2p", "auto", timeout_s, on_started=stop_then_resume,
+        tmp_path, world, "stop_p2p", transport, timeout_s, on_started=stop_then_resume,
         env_of={1: {"RINGREDUCE_FAILPOINT": "p2p.send_data:1:3:stop"}})
     why = _explain(results, outputs)
     for rank in (0, 2):
