@@ -105,6 +105,100 @@ elif case == "stop_p2p":
     except Exception as e:  # what the test checks
         res["error"] = str(e)
         res["t_error"] = time.time()
+elif case == "ops":
+    # One phase per op of FAULT_OPS, each on a group of its own (the one before is aborted): the
+    # ranks run the op back to back until it fails. Rank 1 is stopped in each phase, from outside
+    # (FAULT_STOP=outside: wherever it happens to be) or by itself with an op issued and not yet
+    # waited for (FAULT_STOP=self); it is resumed once both survivors have written their result.
+    # FAULT_OP_TIMEOUTS: {op: {rank: seconds}} where a rank's timeout in that op differs.
+    stop_self = os.environ["FAULT_STOP"] == "self"
+    per_op = json.loads(os.environ.get("FAULT_OP_TIMEOUTS", "{}"))
+    n = 1024
+
+    def step(op, pg, async_op=False):
+        if op == "send_recv":
+            # Rank 1 exchanges with each of the others, and they with it only. (Not around the
+            # ring: send/recv has no chain of waits to follow. A survivor that has run one pair
+            # ahead of the other, whose send to it waits for rank 1, names that survivor.)
+            peers = [r for r in range(world) if r != rank] if rank == 1 else [1]
+            works = []
+            for p in peers:
+                works += [dist.isend(torch.full((n,), float(rank)), p, group=pg),
+                          dist.irecv(torch.empty(n), p, group=pg)]
+            if async_op:
+                return works
+            for w in works:
+                w.wait()
+            return []
+        x = torch.full((n,), float(rank + 1))
+        if op == "all_reduce":
+            w = dist.all_reduce(x, group=pg, async_op=async_op)
+        elif op == "broadcast":
+            w = dist.broadcast(x, src=0, group=pg, async_op=async_op)
+        elif op == "reduce":
+            w = dist.reduce(x, dst=0, group=pg, async_op=async_op)
+        elif op == "all_gather":
+            w = dist.all_gather([torch.empty(n) for _ in range(world)], x, group=pg, async_op=async_op)
+        elif op == "all_gather_into_tensor":
+            w = dist.all_gather_into_tensor(torch.empty(world * n), x, group=pg, async_op=async_op)
+        elif op == "reduce_scatter":
+            w = dist.reduce_scatter(torch.empty(n), [x.clone() for _ in range(world)], group=pg,
+                                    async_op=async_op)
+        elif op == "reduce_scatter_tensor":
+            w = dist.reduce_scatter_tensor(torch.empty(n), torch.cat([x] * world), group=pg,
+                                           async_op=async_op)
+        elif op == "all_to_all_single":
+            w = dist.all_to_all_single(torch.empty(world * n), torch.cat([x] * world), group=pg,
+                                       async_op=async_op)
+        elif op == "all_to_all":
+            w = dist.all_to_all([torch.empty(n) for _ in range(world)], [x.clone() for _ in range(world)],
+                                group=pg, async_op=async_op)
+        elif op == "gather":
+            w = dist.gather(x, [torch.empty(n) for _ in range(world)] if rank == 0 else None, dst=0,
+                            group=pg, async_op=async_op)
+        elif op == "scatter":
+            w = dist.scatter(torch.empty(n), [x.clone() for _ in range(world)] if rank == 0 else None,
+                             src=0, group=pg, async_op=async_op)
+        elif op == "barrier":
+            w = dist.barrier(group=pg, async_op=async_op)
+        else:
+            raise ValueError(f"no such op {op!r}")
+        return [w] if async_op else []
+
+    for k, op in enumerate(os.environ["FAULT_OPS"].split(",")):
+        t = float(per_op.get(op, {}).get(str(rank), os.environ["FAULT_PHASE_TIMEOUT"]))
+        pg = dist.new_group(backend="ringreduce", timeout=timedelta(seconds=t))
+        phase = {"rank": rank, "op": op}
+        try:
+            for i in range(10 ** 7):
+                if rank == 1 and i == 20:
+                    if stop_self:
+                        # The op is issued, its peers are in it, and this rank stops before it
+                        # waits for it: the op is in flight here when the rank resumes.
+                        works = step(op, pg, async_op=True)
+                        os.kill(os.getpid(), signal.SIGSTOP)
+                        phase["in_flight"] = "failed"
+                        for w in works:
+                            w.wait()
+                        phase["in_flight"] = "completed"
+                        continue
+                    open(os.path.join(out, f"started{k}"), "w").close()
+                step(op, pg)
+            phase["error"] = f"no {op} failed"
+        except Exception as e:  # what the test checks
+            phase["error"] = str(e)
+            phase["t_error"] = time.time()
+        with open(os.path.join(out, f"phase{k}_rank{rank}.json.tmp"), "w") as f:
+            json.dump(phase, f)
+        os.replace(os.path.join(out, f"phase{k}_rank{rank}.json.tmp"),
+                   os.path.join(out, f"phase{k}_rank{rank}.json"))
+    res["phases"] = k + 1
+    # Nobody leaves before every rank has written its last phase: a survivor that exits would be
+    # a second fault in the others' errors.
+    for _ in range(2400):
+        if all(os.path.exists(os.path.join(out, f"phase{k}_rank{r}.json")) for r in range(world)):
+            break
+        threading.Event().wait(0.05)
 else:
     rounds = 12 if case == "stop" else 1
     try:
@@ -402,10 +496,12 @@ def test_the_timeout_follows_the_chain_of_waits_to_the_stopped_rank(tmp_path, ba
     assert not leaked
 
 
-def test_a_stopped_rank_resumed_in_send_recv_finds_the_group_aborted_at_once(tmp_path, backend):
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_a_stopped_rank_resumed_in_send_recv_finds_the_group_aborted_at_once(tmp_path, backend,
+                                                                            transport):
     """Its peers timed out waiting for it and aborted the group, keeping their processes: once
     resumed, the rank's pending send or receive fails with their reason at once, not at its own
-    deadline."""
+    deadline, over shared memory as over TCP."""
     if backend != "ringreduce":
         pytest.skip("faults of ringreduce's transports")
     world, timeout_s = 3, 6
@@ -427,7 +523,7 @@ def test_a_stopped_rank_resumed_in_send_recv_finds_the_group_aborted_at_once(tmp
         procs[1].send_signal(signal.SIGCONT)
 
     results, outputs, leaked = _launch(
-        tmp_path, world, "stop_p2p", "auto", timeout_s, on_started=stop_then_resume,
+        tmp_path, world, "stop_p2p", transport, timeout_s, on_started=stop_then_resume,
         env_of={1: {"RINGREDUCE_FAILPOINT": "p2p.send_data:1:3:stop"}})
     why = _explain(results, outputs)
     for rank in (0, 2):
@@ -439,6 +535,156 @@ def test_a_stopped_rank_resumed_in_send_recv_finds_the_group_aborted_at_once(tmp
     # was in ends when it looks at the group, not at a second deadline.
     assert r1["t_error"] - resumed < timeout_s / 2, why
     assert not leaked
+
+
+
+# Every collective the backend has, and send/recv; of torch's two forms of one op, one runs over
+# shared memory and the other over TCP (both reach the same op of the backend). send_recv last: a
+# stop between two of its pairs aborts nothing (the peers' unmatched requests fail alone), so the
+# stopped rank, once resumed, waits out its own timeout there.
+EVERY_OP = {
+    "auto": ["all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter",
+             "all_to_all_single", "gather", "scatter", "barrier", "send_recv"],
+    "tcp": ["all_reduce", "broadcast", "reduce", "all_gather_into_tensor", "reduce_scatter_tensor",
+            "all_to_all", "gather", "scatter", "barrier", "send_recv"],
+}
+
+
+def _phases(tmp_path, ops, transport, stop, phase_timeout, op_timeouts):
+    """Runs the "ops" case: world 3, a phase per op of `ops` on a group of its own, rank 1 stopped
+    in each (stop="outside": by SIGSTOP from here once it has run the op 20 times; stop="self": it
+    stops itself with the op issued) and resumed once ranks 0 and 2 have failed. Returns
+    ({phase: {rank: result}}, {phase: when rank 1 was resumed}, why)."""
+    world = 3
+    resumed = {}
+
+    def phase_done(k):
+        return all((tmp_path / f"phase{k}_rank{r}.json").exists() for r in (0, 2))
+
+    def stop_each(procs):
+        for k in range(len(ops)):
+            if stop == "outside":
+                for _ in range(2400):
+                    if (tmp_path / f"started{k}").exists() or procs[1].poll() is not None:
+                        break
+                    threading.Event().wait(0.05)
+                procs[1].send_signal(signal.SIGSTOP)
+            else:
+                stat = f"/proc/{procs[1].pid}/stat"
+                for _ in range(2400):
+                    try:
+                        with open(stat) as f:
+                            if f.read().rsplit(")", 1)[1].split()[0] in ("T", "t"):
+                                break
+                    except OSError:
+                        break
+                    threading.Event().wait(0.05)
+            for _ in range(1200):
+                if phase_done(k) or procs[0].poll() is not None or procs[2].poll() is not None:
+                    break
+                threading.Event().wait(0.05)
+            resumed[k] = time.time()
+            procs[1].send_signal(signal.SIGCONT)
+            for _ in range(1200):
+                if (tmp_path / f"phase{k}_rank1.json").exists() or procs[1].poll() is not None:
+                    break
+                threading.Event().wait(0.05)
+
+    env = {"FAULT_OPS": ",".join(ops), "FAULT_STOP": stop, "FAULT_PHASE_TIMEOUT": str(phase_timeout),
+           "FAULT_OP_TIMEOUTS": json.dumps(op_timeouts)}
+    # The default group's timeout (60 s) bounds the set-up of each phase's group, where the
+    # survivors wait for the stopped rank to come back.
+    results, outputs, leaked = _launch(tmp_path, world, "ops", transport, 60, on_started=stop_each,
+                                       env_of={r: env for r in range(world)})
+    phases = {}
+    for k in range(len(ops)):
+        phases[k] = {}
+        for r in range(world):
+            path = tmp_path / f"phase{k}_rank{r}.json"
+            if path.exists():
+                phases[k][r] = json.loads(path.read_text())
+    why = _explain(results, outputs) + "\n" + json.dumps(phases, indent=1)
+    assert not leaked, f"segments left in /dev/shm: {leaked}\n{why}"
+    return phases, resumed, why
+
+
+@pytest.mark.parametrize("transport", ["tcp", "auto"])
+def test_every_op_names_the_stopped_rank_in_every_survivors_error(tmp_path, backend, transport):
+    """World 3, rank 1 stopped (SIGSTOP, from outside, wherever it is) while the ranks run one op
+    back to back; a phase per collective and one for send/recv. Every survivor's error names
+    rank 1: directly when it waits for rank 1, or through the chain of waits when it waits for the
+    other survivor (rank 0's timeout is short and rank 2's long in the collectives, so rank 0's
+    comes first and follows the chain). In send/recv each survivor exchanges with rank 1 only.
+    A rank that runs is never blamed."""
+    if backend != "ringreduce":
+        pytest.skip("faults of ringreduce's transports")
+    ops = EVERY_OP[transport]
+    timeouts = {op: {"0": 3, "2": 3} if op == "send_recv" else {"0": 3, "2": 10} for op in ops}
+    phases, _, why = _phases(tmp_path, ops, transport, "outside", 3, timeouts)
+    wrong = []
+    for k, op in enumerate(ops):
+        for rank in (0, 2):
+            err = phases[k].get(rank, {}).get("error", "")
+            # What the error says of the cause: after the last "aborted: " where the group
+            # or point-to-point was aborted by another rank's failure.
+            cause = err.rsplit("aborted: ", 1)[-1]
+            if op == "send_recv":
+                # Its request to or from rank 1 timed out (alone, or aborting point-to-point when
+                # rank 1 stopped inside a transfer), or the other survivor's abort came first.
+                named = "rank 1" in cause and ("Timed out" in cause or "rank 1 stopped" in cause)
+            else:
+                # Over shared memory the stopped process is seen in /proc; over TCP it does not
+                # answer the state query.
+                named = "rank 1 is stopped" in cause or "the state of rank 1 is unknown" in cause
+            blamed = [f"rank {r} {what}" for r in (0, 2)
+                      for what in ("has not arrived", "makes no progress", "is already at op",
+                                   "is gone", "died", "stopped")
+                      if f"rank {r} {what}" in err] + \
+                     [f"lost its connection to rank {r}" for r in (0, 2)
+                      if f"lost its connection to rank {r}" in err]
+            if not named or blamed:
+                wrong.append(f"{op}: rank {rank}: {err or phases[k].get(rank)}")
+    assert not wrong, "\n".join(wrong) + "\n" + why
+    print("\n".join(f"{op}: rank 0: {phases[k][0]['error']}" for k, op in enumerate(ops)))
+
+
+# The resumed rank's case runs every collective but the second form of an op that torch has in two.
+RESUMED_OPS = ["all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter",
+               "all_to_all_single", "gather", "scatter", "barrier"]
+
+
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_a_stopped_rank_resumed_in_any_collective_finds_the_group_aborted_at_once(tmp_path, backend,
+                                                                                 transport):
+    """World 3, a phase per collective: rank 1 issues the op and stops itself (SIGSTOP) before it
+    waits for it, so that the op is in flight on it; its peers, in the op, time out and abort the
+    group, and keep their processes. Resumed, rank 1 fails at once with their reason, well inside
+    its own timeout (send/recv: test_a_stopped_rank_resumed_in_send_recv_...)."""
+    if backend != "ringreduce":
+        pytest.skip("faults of ringreduce's transports")
+    ops, timeout_s = RESUMED_OPS, 3
+    phases, resumed, why = _phases(tmp_path, ops, transport, "self", timeout_s, {})
+    wrong = []
+    for k, op in enumerate(ops):
+        for rank in (0, 2):
+            err = phases[k].get(rank, {}).get("error", "")
+            if " Timed out " not in err and "aborted" not in err:
+                wrong.append(f"{op}: rank {rank}: {err or phases[k].get(rank)}")
+        r1 = phases[k].get(1, {})
+        # The abort, not a deadline, ends it.
+        late = r1.get("t_error", float("inf")) - resumed.get(k, 0)
+        if "aborted" not in r1.get("error", "") or late > timeout_s / 2:
+            wrong.append(f"{op}: rank 1, {late:.2f} s after its resume: {r1.get('error') or r1}")
+        # In the op its peers failed, not in the next one, though the data it needs may all be
+        # there: over shared memory the abort is in its segment before it resumes. Over TCP the
+        # abort is a frame that its I/O thread may read only after the op began, and the op may
+        # complete first: then the next op fails at once.
+        if transport == "auto" and r1.get("in_flight") != "failed":
+            wrong.append(f"{op}: rank 1 completed the op its peers failed: {r1.get('error') or r1}")
+    assert not wrong, "\n".join(wrong) + "\n" + why
+    print("\n".join(f"{op}: rank 1 +{phases[k][1]['t_error'] - resumed[k]:.3f} s, the op in flight "
+                    f"{phases[k][1].get('in_flight')}: {phases[k][1]['error']}"
+                    for k, op in enumerate(ops)))
 
 
 SMALL_SHM_WORKER = r'''

@@ -16,6 +16,8 @@
 #include "backend/tensor_checks.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "transport/links.h"
+#include "transport/wait.h"
 
 namespace ringreduce {
 
@@ -135,6 +137,11 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const cha
       ~Unpin() { p.reset(); }
     } unpin{pins};
     try {
+      // An aborted group runs no more ops. A rank stopped with this op issued and resumed after
+      // its peers gave up on it would otherwise complete it, where the data it needs had come
+      // before the abort, although every peer failed it; only its next op would fail.
+      const std::string aborted = links_->transport().abort_reason();
+      if (!aborted.empty()) throw_aborted(ctx, rank_, aborted);
       // The deadline starts when the op starts: time spent queued behind earlier ops is theirs.
       run(ctx, Deadline::after(t));
     } catch (const std::exception& e) {
