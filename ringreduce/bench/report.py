@@ -109,7 +109,7 @@ class Report:
             per_backend = [(int(self.native), "time(us)", 9), (int(self.native), "busbw(GB/s)", 11),
                            (-1, "#wrong", 6)]
             first = [("size(B)", 10), ("count", 10), ("type", 8), ("redop", 5)]
-            floor, ratio = [("floor(us)", 9), ("%floor", 6)], ("ratio", 5)
+            floor, ratio = [("floor(us)", 9), ("%floor", 6)], ("ratio", 6)
         self.columns = [(-1, -1, c, w) for c, w in first]
         for i in range(len(self.names)):
             self.columns += [(i, s, c, w) for s, c, w in per_backend]
