@@ -732,6 +732,7 @@ def test_bench_launches_prints_the_spread_and_every_launch_in_json(tmp_path):
     assert_fits(out.stdout)
     assert "# Backends: ringreduce, gloo, each in 2 launches of its own" in unwrap(out.stdout)
     assert "# ratio = " not in out.stdout  # no ratio column in the spread table
+    assert "# Columns: " not in out.stdout  # nor the default table's columns
 
     spread = parse_spread(out.stdout)
     assert sorted(spread) == [(n, b) for n in (1024, 4096) for b in ("gloo", "ringreduce")], spread
@@ -792,6 +793,7 @@ def test_spread_of_made_up_launches(capsys, tmp_path):
     assert "# gloo: spread over 3 launches: 1KiB worst/best = 1.00, 64MiB worst/best = 1.00" in out
     assert_fits(out)
     assert "in the order ringreduce 1, gloo 1, ringreduce 2, gloo 2, ..." in unwrap(out)
+    assert "# Columns: " not in out
     # gloo's 2 wrong elements in each set at each size of its second launch are counted.
     assert "# gloo: out of bounds values 8 FAILED;" in out
     assert "# 64MiB: ringreduce busbw = 8x gloo" in out  # at the medians

@@ -243,9 +243,9 @@ class Report:
                 continue
             lines += [f"{name} {set_name}: not measured ({reason})"
                       for set_name, reason in zip(SETS, reasons, strict=True) if reason]
-        if not self.full:
-            lines.append(f"Columns: per backend the {native} set's time and busbw, and #wrong = the wrong elements of "
-                         "both sets; --nccl-tests-columns prints both sets' time, algbw, busbw and #wrong")
+        if not self.full and a.launches == 1:  # the spread table has columns of its own
+            lines.append(f"Columns: per backend the {native} set's time and busbw, and #wrong = the wrong elements "
+                         "of both sets; --nccl-tests-columns prints both sets' time, algbw, busbw and #wrong")
         if not a.check:
             lines.append("#wrong: not checked (-c 0)")
         return lines
