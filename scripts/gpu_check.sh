@@ -64,10 +64,11 @@ timeout "${TEST_TIMEOUT:-420}" "$py" -m pytest -q -rs tests/test_cuda.py 2>&1 | 
 if [ "$mode" != quick ]; then
   echo "== benchmark"
   # 8K, 256K, 8M and 256M: the headline sizes (a small op's latency, a large one against the
-  # memory floor and gloo), and two between.
+  # memory floor and gloo), and two between. Its text is filed as a record (benchmarks/results/):
+  # nccl-tests' full column sets, every set's time, algbw, busbw and #wrong, not the 120-column table.
   for n in ${BENCH_RANKS:-2 4}; do
     timeout "${BENCH_TIMEOUT:-300}" "$py" -m ringreduce.bench --device cuda --nproc "$n" -b 8K -e 256M -f 32 \
-      --json "$out/bench_cuda_${n}ranks.json" 2>&1 | tee "$out/bench_cuda_${n}ranks.txt"
+      --nccl-tests-columns --json "$out/bench_cuda_${n}ranks.json" 2>&1 | tee "$out/bench_cuda_${n}ranks.txt"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   done
 fi

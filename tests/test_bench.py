@@ -45,6 +45,25 @@ def parse_table(stdout):
 
 
 SET_COLUMNS = ["time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong"]
+# The default table: per backend the native set's time and busbw, and #wrong over both sets.
+BACKEND_COLUMNS = ["time(us)", "busbw(GB/s)", "#wrong"]
+DEFAULT_COLUMNS = ["size(B)", "count", "type", "redop", *BACKEND_COLUMNS, "floor(us)", "%floor",
+                   *BACKEND_COLUMNS, "ratio"]
+FULL_COLUMNS = ["size(B)", "count", "type", "redop", *SET_COLUMNS * 2, "floor(us)", "%floor",
+                *SET_COLUMNS * 2, "ratio"]
+WIDTH = 120
+
+
+def unwrap(stdout):
+    """The output with the default layout's wrapped prose lines joined again: a continuation line is
+    '#' and five or more spaces (the table's label lines are too, so parse the table from stdout)."""
+    return re.sub(r"\n# {5,}(?=\S)", " ", stdout)
+
+
+def assert_fits(stdout):
+    """Every line of the default output in WIDTH characters (the path of --json's file aside)."""
+    long = [line for line in stdout.splitlines() if len(line) > WIDTH and not line.startswith("# wrote ")]
+    assert not long, "\n".join(long)
 
 
 def _label_centres(line):
@@ -52,16 +71,21 @@ def _label_centres(line):
     return [(m.group(), (m.start() + m.end()) / 2) for m in re.finditer(r"\S+", line[1:])]
 
 
-def parse_sets(stdout):
+def parse_sets(stdout, full=True):
     """The table's rows as {(backend, set): {column: cell}}, from the two label lines above the
     column names (backends, then nccl-tests' out-of-place / in-place), placed by position: each
-    column of a set belongs to the label centred nearest to it."""
+    column of a set belongs to the label centred nearest to it. The default table (full=False) labels
+    one set per backend, over its time and busbw; its #wrong (both sets') goes under that set too."""
     lines = stdout.splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith("#") and "size(B)" in line)
     names_line, backend_line, set_line = lines[at], lines[at - 2], lines[at - 1]
     columns = [(m.group(), (m.start() + m.end()) / 2 - 1) for m in re.finditer(r"\S+", names_line[1:])]
     backends, sets = _label_centres(backend_line), _label_centres(set_line)
-    assert {label for label, _ in sets} == {"out-of-place", "in-place"}, set_line
+    if full:
+        assert {label for label, _ in sets} == {"out-of-place", "in-place"}, set_line
+    else:
+        assert [label for label, _ in sets] == ["in-place"] * len(backends), set_line
+    per_set = SET_COLUMNS if full else BACKEND_COLUMNS
 
     def nearest(labels, x):
         return min(labels, key=lambda lc: abs(lc[1] - x))
@@ -69,7 +93,7 @@ def parse_sets(stdout):
     # Backends may share a name (gloo,gloo): number them in order.
     owner = []
     for name, x in columns:
-        if name not in SET_COLUMNS:
+        if name not in per_set:
             owner.append(None)
             continue
         b = nearest(backends, x)
@@ -84,29 +108,47 @@ def parse_sets(stdout):
     return out
 
 
-def assert_table(stdout, dtype="float32", redop="sum", world=2, checked=True):
+def assert_table(stdout, dtype="float32", redop="sum", world=2, checked=True, full=False):
+    """The table's structure (not its figures): by default the 120-column one, with full=True
+    (--nccl-tests-columns) nccl-tests' column sets, as it always printed them."""
     columns, rows = parse_table(stdout)
+    assert columns == (FULL_COLUMNS if full else DEFAULT_COLUMNS), columns
     assert [int(r[0]) for r in rows] == TINY_SIZES
     itemsize = bench.DTYPES[dtype].itemsize
     assert [int(r[1]) for r in rows] == [s // itemsize for s in TINY_SIZES]
     wrong = [i for i, c in enumerate(columns) if c == "#wrong"]
-    assert len(wrong) == 4, columns  # two backends, each with nccl-tests' two sets
+    # Two backends, each with nccl-tests' two sets (full) or with its wrong elements summed over them.
+    assert len(wrong) == (4 if full else 2), columns
     for r in rows:
         assert len(r) == len(columns), (columns, r)
         assert r[2:4] == [dtype, redop]
-        assert [r[i] for i in wrong] == (["0"] * 4 if checked else ["N/A"] * 4), (columns, r)
+        assert [r[i] for i in wrong] == (["0"] if checked else ["N/A"]) * len(wrong), (columns, r)
         assert float(r[columns.index("ratio")]) > 0
         floor_pct = r[columns.index("%floor")]
         if world == 1:
             assert floor_pct == "-"  # one rank moves nothing, so there is no floor to compare with
         else:
             assert float(floor_pct) >= 0
-    # Every backend has both sets, each with its four columns, under the labels nccl-tests uses.
-    for cells in parse_sets(stdout):
-        assert sorted(s for _, s in cells) == ["in-place", "in-place", "out-of-place", "out-of-place"], cells
-        for figures in cells.values():
-            assert list(figures) == SET_COLUMNS
-            assert float(figures["time(us)"]) > 0 and float(figures["busbw(GB/s)"]) >= 0
+    if full:
+        # Every backend has both sets, each with its four columns, under the labels nccl-tests uses.
+        for cells in parse_sets(stdout):
+            assert sorted(s for _, s in cells) == ["in-place", "in-place", "out-of-place", "out-of-place"], cells
+            for figures in cells.values():
+                assert list(figures) == SET_COLUMNS
+                assert float(figures["time(us)"]) > 0 and float(figures["busbw(GB/s)"]) >= 0
+        assert all(len(line) > WIDTH for line in stdout.splitlines() if line.startswith("# Timing: "))
+        assert "# Columns: " not in stdout
+    else:
+        # Every backend has all_reduce's own set under its name, and the line above says what #wrong is.
+        for cells in parse_sets(stdout, full=False):
+            assert [s for _, s in cells] == ["in-place", "in-place"], cells
+            for figures in cells.values():
+                assert list(figures) == BACKEND_COLUMNS
+                assert float(figures["time(us)"]) > 0 and float(figures["busbw(GB/s)"]) >= 0
+        assert "# Columns: per backend the in-place set's time and busbw, and #wrong = the wrong elements of " \
+            "both sets; --nccl-tests-columns prints" in unwrap(stdout)
+        assert_fits(stdout)
+    stdout = unwrap(stdout)
     assert "# 1KiB: " in stdout and "# 64KiB: " in stdout  # the summary lines
     assert re.search(r"^# 1KiB: .*, in-place\)$", stdout, re.M), stdout  # which set they use
     assert "# ratio = busbw(" in stdout and re.search(r"^# ratio = .*, in-place$", stdout, re.M)
@@ -252,8 +294,17 @@ def test_bench_table_gloo_standin(world):
     out = run_bench("--backends", "gloo,gloo", "-g", str(world), *TINY)
     assert out.returncode == 0, out.stderr
     assert f"# World: {world} rank(s)" in out.stdout
-    assert "-z 0: the ops of a batch issued asynchronously, then all waited on" in out.stdout
+    assert "-z 0: the ops of a batch issued asynchronously, then all waited on" in unwrap(out.stdout)
     assert_table(out.stdout, world=world)
+
+
+def test_bench_nccl_tests_columns_print_the_full_table():
+    # nccl-tests' column sets, and the prose a line per sentence, as the table was before it fitted 120
+    # columns; unchecked here too, so both layouts show #wrong's N/A.
+    out = run_bench("--backends", "gloo,gloo", "-g", "2", "-c", "0", "--nccl-tests-columns", *TINY)
+    assert out.returncode == 0, out.stderr
+    assert "-z 0: the ops of a batch issued asynchronously, then all waited on" in out.stdout
+    assert_table(out.stdout, checked=False, full=True)
 
 
 def test_bench_check_off_reads_na_as_nccl_tests():
@@ -267,7 +318,7 @@ def test_bench_blocking_runs_and_says_so(tmp_path):
     path = tmp_path / "rows.json"
     out = run_bench("--backends", "gloo,gloo", "-g", "2", "-z", "1", *TINY, "--json", str(path))
     assert out.returncode == 0, out.stderr
-    assert "-z 1: every op waited on before the next is issued" in out.stdout
+    assert "-z 1: every op waited on before the next is issued" in unwrap(out.stdout)
     assert_table(out.stdout)
     assert json.loads(path.read_text())["blocking"] is True
 
@@ -284,8 +335,9 @@ def test_bench_table_ringreduce_beside_gloo():
     assert out.returncode == 0, out.stderr
     assert "# Backends: ringreduce, gloo," in out.stdout
     assert_table(out.stdout)
+    assert re.search(r"^#\s+ringreduce\s+gloo$", out.stdout, re.M), out.stdout  # the backends' label line
     # What the fingerprint checks and the flight recorder cost, at the smallest and largest sizes.
-    line = next(x for x in out.stdout.splitlines() if x.startswith("# safety work"))
+    line = next(x for x in unwrap(out.stdout).splitlines() if x.startswith("# safety work"))
     assert re.search(r"1KiB [\d.]+ us vs [\d.]+ us without \([+-][\d.]+%\); 64KiB ", line), line
 
 
@@ -377,6 +429,8 @@ def test_cuda_floor_is_all_ranks_traffic_through_one_gpu_at_its_copy_bw(monkeypa
     report = cuda_report(monkeypatch, world)
     report.header()
     header = capsys.readouterr().out
+    assert_fits(header)
+    header = unwrap(header)
     assert "# Device: cuda:0, Made-up GPU;" in header
     assert f"# Copy bandwidth: {COPY_BW / 1e9:.2f} GB/s device to device" in header
     floor_line = (f"  {world} rank(s) x {k}*N/{world} bytes each through one GPU's memory = {k}*N "
@@ -396,13 +450,53 @@ def test_cuda_floor_not_applicable(monkeypatch, capsys):
         (cuda_report(monkeypatch, shared=False), "the ranks are on 2 GPUs"),
     ):
         report.header()
-        assert f"# Memory floor: N/A ({why}" in capsys.readouterr().out
+        assert f"# Memory floor: N/A ({why}" in unwrap(capsys.readouterr().out)
         assert floor_cells(report, capsys, 256 * MiB, 1e-3) == ("N/A", "N/A")
+
+
+@pytest.mark.parametrize("full", [False, True])
+def test_row_cells_in_both_layouts(monkeypatch, capsys, full):
+    """The default row has each backend's native-set time and busbw and the wrong elements of both
+    sets summed; --nccl-tests-columns has every set's four figures. N/A where nothing was measured
+    or checked; a set not measured (alltoall's in-place) leaves its wrong elements out of the sum."""
+    report = cuda_report(monkeypatch, argv=["--nccl-tests-columns"] if full else [])
+    unmeasured = bench.SetResults(bench.Result(2e-3, 1), bench.Result(None, None))
+    unchecked = bench.SetResults(bench.Result(3e-3, None), bench.Result(2e-3, None))
+    rows = [(4 * MiB, MiB, [sets(1e-3, wrong=2), sets(2e-3)]), (4 * MiB, MiB, [unmeasured, unchecked])]
+    for row in rows:
+        report.row(*row)
+    out = capsys.readouterr().out.splitlines()
+    assert report.column_names() == (FULL_COLUMNS if full else DEFAULT_COLUMNS)
+    assert all(len(line.split()) == len(report.column_names()) for line in out), out
+    cells = [dict(zip(report.column_names(), line.split(), strict=True)) for line in out]  # the last of a name
+    figures = [[line.split()[i] for i, c in enumerate(report.column_names()) if c in SET_COLUMNS] for line in out]
+    if full:  # out-of-place, then in-place, per backend
+        assert figures[0] == ["1500.0", "2.80", "2.80", "2", "1000.0", "4.19", "4.19", "2",
+                              "3000.0", "1.40", "1.40", "0", "2000.0", "2.10", "2.10", "0"]
+        assert figures[1] == ["2000.0", "2.10", "2.10", "1", "N/A", "N/A", "N/A", "N/A",
+                              "3000.0", "1.40", "1.40", "N/A", "2000.0", "2.10", "2.10", "N/A"]
+    else:  # in-place time and busbw, then both sets' wrong elements
+        assert figures[0] == ["1000.0", "4.19", "4", "2000.0", "2.10", "0"]
+        assert figures[1] == ["N/A", "N/A", "1", "2000.0", "2.10", "N/A"]
+    assert cells[0]["ratio"] == "2.00" and cells[1]["ratio"] == "N/A"
+    assert all(len(line) <= WIDTH for line in out) != full
+
+
+def test_default_table_labels_the_native_set(monkeypatch, capsys):
+    # all_gather is out of place in torch.distributed: the default table shows that set.
+    report = cuda_report(monkeypatch, argv=["--op", "all_gather"])
+    report.header()
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-3].split() == ["#", "ringreduce", "gloo"], lines[-3:]
+    assert lines[-2].split() == ["#", "out-of-place", "out-of-place"], lines[-3:]
+    assert lines[-1].split()[1:] == DEFAULT_COLUMNS
+    assert "# Columns: per backend the out-of-place set's time and busbw" in unwrap("\n".join(lines))
+    assert_fits("\n".join(lines))
 
 
 def test_cuda_kernel_line_says_why_it_was_not_measured(monkeypatch, capsys):
     cuda_report(monkeypatch, kernel_bw=None).header()
-    out = capsys.readouterr().out
+    out = unwrap(capsys.readouterr().out)
     assert "# Kernel: ringreduce's reduction kernel not measured (ringreduce._C was built without CUDA: " \
         "why)" in out
 
@@ -516,8 +610,9 @@ def test_bench_every_op_checks_and_writes_json(op, tmp_path):
                 assert r[key] == {"time_us": None, "algbw_GBps": None, "busbw_GBps": None, "wrong": None}
             else:
                 assert r[key]["wrong"] == 0 and r[key]["busbw_GBps"] > 0, (key, r)
+    assert_fits(out.stdout)
     if op == "alltoall":
-        assert "# ringreduce in-place: not measured (all_to_all_single has no in-place form" in out.stdout
+        assert "# ringreduce in-place: not measured (all_to_all_single has no in-place form" in unwrap(out.stdout)
 
 
 def test_bench_plot(tmp_path):
@@ -634,8 +729,10 @@ def test_bench_launches_prints_the_spread_and_every_launch_in_json(tmp_path):
     # The launches ran one backend each, alternating: ringreduce 1, gloo 1, ringreduce 2, gloo 2.
     ran = re.findall(r"launch (\d)/2 of (\w+), 2 rank\(s\)", out.stderr)
     assert ran == [("1", "ringreduce"), ("1", "gloo"), ("2", "ringreduce"), ("2", "gloo")], out.stderr
-    assert "# Backends: ringreduce, gloo, each in 2 launches of its own" in out.stdout
+    assert_fits(out.stdout)
+    assert "# Backends: ringreduce, gloo, each in 2 launches of its own" in unwrap(out.stdout)
     assert "# ratio = " not in out.stdout  # no ratio column in the spread table
+    assert "# Columns: " not in out.stdout  # nor the default table's columns
 
     spread = parse_spread(out.stdout)
     assert sorted(spread) == [(n, b) for n in (1024, 4096) for b in ("gloo", "ringreduce")], spread
@@ -694,7 +791,9 @@ def test_spread_of_made_up_launches(capsys, tmp_path):
     assert spread[(64 * MiB, "ringreduce")]["median(us)"] == 1000.0
     assert "# ringreduce: spread over 3 launches: 1KiB worst/best = 3.00, 64MiB worst/best = 4.00" in out
     assert "# gloo: spread over 3 launches: 1KiB worst/best = 1.00, 64MiB worst/best = 1.00" in out
-    assert "in the order ringreduce 1, gloo 1, ringreduce 2, gloo 2, ..." in out
+    assert_fits(out)
+    assert "in the order ringreduce 1, gloo 1, ringreduce 2, gloo 2, ..." in unwrap(out)
+    assert "# Columns: " not in out
     # gloo's 2 wrong elements in each set at each size of its second launch are counted.
     assert "# gloo: out of bounds values 8 FAILED;" in out
     assert "# 64MiB: ringreduce busbw = 8x gloo" in out  # at the medians

@@ -132,6 +132,14 @@ def build_parser() -> argparse.ArgumentParser:
         "asynchronously and wait at its end, as nccl-tests does without -z",
     )
     p.add_argument(
+        "--nccl-tests-columns",
+        action="store_true",
+        help="print nccl-tests' full column set: for every backend, time, algbw, busbw and #wrong of both "
+        "the out-of-place and the in-place set (about 250 characters wide); by default each backend "
+        "has the time and busbw of the collective's own set and #wrong over both sets, in 120 columns "
+        "(the --launches spread table is the same either way)",
+    )
+    p.add_argument(
         "--launches",
         type=int,
         default=1,

@@ -10,6 +10,7 @@ import platform
 import shlex
 import statistics
 import sys
+import textwrap
 from collections.abc import Callable
 
 import torch
@@ -25,6 +26,21 @@ from .timing import SAFETY_ROUNDS, Result, SetResults
 # the memory floor and gloo, and a small one's latency.
 HEADLINE_LARGE_BYTES = 256 << 20
 HEADLINE_SMALL_BYTES = 8 << 10
+
+
+# The width the default output keeps to: the table's lines and the prose around it, cut at spaces.
+# --nccl-tests-columns prints nccl-tests' full table, and the prose on a line per sentence, as before.
+WIDTH = 120
+
+
+def comment(text: str, wrap: bool = True) -> str:
+    """`text` as '# text' lines: with `wrap`, cut at spaces into lines of at most WIDTH characters,
+    each continuation indented four spaces past the text's own indent (a long word stays whole)."""
+    if not wrap or len(text) + 2 <= WIDTH:
+        return f"# {text}"
+    indent = " " * (len(text) - len(text.lstrip(" ")) + 4)
+    return "\n".join("# " + part for part in textwrap.wrap(
+        text, WIDTH - 2, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False))
 
 
 def format_size(nbytes: int) -> str:
@@ -78,18 +94,29 @@ class Report:
         # The set whose figures the floor, the ratio and the summary lines use: the collective's own
         # form in torch.distributed, which is what this table measured before it had both sets.
         self.native = coll.native_in_place
+        # --nccl-tests-columns: both sets' time, algbw, busbw and #wrong per backend, as nccl-tests
+        # prints them (about 250 characters for two backends). By default, the native set's time and
+        # busbw and the wrong elements of both sets summed: two backends in under 120 characters.
+        self.full = args.nccl_tests_columns
         # The columns as (backend index, set index, name, width), -1 where a column has no backend
         # or set: the two label lines above the names span the runs of equal indices.
-        per_set = [("time(us)", 10), ("algbw(GB/s)", 11), ("busbw(GB/s)", 11), ("#wrong", 7)]
-        first = [("size(B)", 12), ("count", 12), ("type", 8), ("redop", 6)]
+        if self.full:
+            per_backend = [(s, c, w) for s in range(len(SETS))
+                           for c, w in (("time(us)", 10), ("algbw(GB/s)", 11), ("busbw(GB/s)", 11), ("#wrong", 7))]
+            first = [("size(B)", 12), ("count", 12), ("type", 8), ("redop", 6)]
+            floor, ratio = [("floor(us)", 10), ("%floor", 7)], ("ratio", 8)
+        else:
+            per_backend = [(int(self.native), "time(us)", 9), (int(self.native), "busbw(GB/s)", 11),
+                           (-1, "#wrong", 6)]
+            first = [("size(B)", 10), ("count", 10), ("type", 8), ("redop", 5)]
+            floor, ratio = [("floor(us)", 9), ("%floor", 6)], ("ratio", 6)
         self.columns = [(-1, -1, c, w) for c, w in first]
         for i in range(len(self.names)):
-            for s in range(len(SETS)):
-                self.columns += [(i, s, c, w) for c, w in per_set]
+            self.columns += [(i, s, c, w) for s, c, w in per_backend]
             if i == 0:
-                self.columns += [(i, -1, "floor(us)", 10), (i, -1, "%floor", 7)]
+                self.columns += [(i, -1, c, w) for c, w in floor]
         if len(self.names) > 1:
-            self.columns.append((-1, -1, "ratio", 8))
+            self.columns.append((-1, -1, *ratio))
         self.widths = [max(len(name), width) for _, _, name, width in self.columns]
 
     def column_names(self) -> list[str]:
@@ -158,7 +185,7 @@ class Report:
 
     def header(self) -> None:
         for line in self.header_lines():
-            print(f"# {line}")
+            print(comment(line, not self.full))
         print("#")
         print(self._label_line(lambda c: (c[0],), lambda c: self.names[c[0]] if c[0] >= 0 else ""))
         print(self._label_line(lambda c: (c[0], c[1]), lambda c: SETS[c[1]] if c[1] >= 0 else ""))
@@ -216,6 +243,9 @@ class Report:
                 continue
             lines += [f"{name} {set_name}: not measured ({reason})"
                       for set_name, reason in zip(SETS, reasons, strict=True) if reason]
+        if not self.full and a.launches == 1:  # the spread table has columns of its own
+            lines.append(f"Columns: per backend the {native} set's time and busbw, and #wrong = the wrong elements "
+                         "of both sets; --nccl-tests-columns prints both sets' time, algbw, busbw and #wrong")
         if not a.check:
             lines.append("#wrong: not checked (-c 0)")
         return lines
@@ -239,12 +269,22 @@ class Report:
             "N/A" if r.wrong is None else str(r.wrong),
         ]
 
+    @staticmethod
+    def _wrong_cell(sets: SetResults) -> str:
+        """The wrong elements of the sets measured, summed; N/A where none was measured or checked."""
+        wrongs = [r.wrong for r in sets.both() if r.time_s is not None]
+        return "N/A" if not wrongs or None in wrongs else str(sum(wrongs))
+
     def row(self, nbytes: int, count: int, results: list[SetResults]) -> None:
         a = self.args
         cells = [str(nbytes), str(count), a.dtype, a.redop]
         for i, sets in enumerate(results):
-            for r in sets.both():
-                cells += self._set_cells(nbytes, r)
+            if self.full:
+                for r in sets.both():
+                    cells += self._set_cells(nbytes, r)
+            else:
+                time_cell, _, busbw_cell, _ = self._set_cells(nbytes, sets.get(self.native))
+                cells += [time_cell, busbw_cell, self._wrong_cell(sets)]
             if i == 0:
                 r = sets.get(self.native)
                 floor_s = self._floor_s(nbytes)
@@ -354,8 +394,8 @@ class Report:
     def safety(self, costs) -> None:
         parts = [f"{format_size(n)} {on * 1e6:.1f} us vs {off * 1e6:.1f} us without "
                  f"({(on / off - 1) * 100:+.1f}%)" for n, on, off in costs]
-        print(f"# safety work (fingerprint check of every message + flight recorder), {SETS[self.native]}, "
-              f"medians of {SAFETY_ROUNDS} alternating runs: " + "; ".join(parts), flush=True)
+        print(comment(f"safety work (fingerprint check of every message + flight recorder), {SETS[self.native]}, "
+                      f"medians of {SAFETY_ROUNDS} alternating runs: " + "; ".join(parts), not self.full), flush=True)
 
     def summary(self, rows: list) -> None:
         """nccl-tests' closing lines for the first backend (and one line per other backend), then

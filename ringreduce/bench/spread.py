@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from .collectives import SETS, Collective
 from .cuda import Gpu
-from .report import Report, format_size
+from .report import Report, comment, format_size
 from .timing import Result, SetResults
 
 # The spread table's columns: (name, width).
@@ -181,7 +181,7 @@ class Spread:
 
     def print(self) -> None:
         for line in self.header_lines():
-            print(f"# {line}")
+            print(comment(line, not self.report.full))
         print("#")
         print("\n".join(self.table_lines() + self.closing_lines()), flush=True)
         rows = self.median_rows()
