@@ -8,7 +8,8 @@ row() {  # label, then env assignments for the ranks
   local label=$1; shift
   local out
   # The in-place columns (9: time, 11: busbw), every op waited on (-z 1), as the table was measured.
-  out=$(env "$@" "$PY" -m ringreduce.bench -g "$G" -b 1K -e 32M -f 32768 --backends ringreduce --min-time 0.3 -z 1 |
+  out=$(env "$@" "$PY" -m ringreduce.bench -g "$G" -b 1K -e 32M -f 32768 --backends ringreduce --min-time 0.3 -z 1 \
+    --nccl-tests-columns |
         awk '/^ +[0-9]+ / {printf "  %s B: %s us, %s GB/s busbw;", $1, $9, $11}')
   echo "ranks=$G $label:$out"
 }
