@@ -2,21 +2,22 @@
 // kernels (reduce_cpu.cpp) and the CUDA kernels (reduce_cuda.cu). The kinds are named in
 // common/dtype.h's row of each dtype; the op functors are listed here. Each kernel file defines
 // its own kinds (Native<T>, Half, BHalf, Bool: how an element is loaded, computed on and stored)
-// and names ops.h's functors (OpSum, ...), and builds its dispatch switch from these lists, so
+// and its floating-point primitives (`Arith`), and builds its dispatch switch from these lists, so
 // the two can never map a tag to different kinds.
 #pragma once
 
 #include "common/dtype.h"
 
-// X(RedOp tag, op functor): the functor of each reduction op.
+// X(RedOp tag, op functor): the functor of each reduction op (reduce/ops.h), where the file
+// that expands it names its floating-point primitives `Arith`.
 #define RINGREDUCE_REDUCE_OPS(X) \
-  X(Sum, OpSum)                  \
-  X(Prod, OpProd)                \
-  X(Min, OpMin)                  \
-  X(Max, OpMax)                  \
-  X(BAnd, OpBAnd)                \
-  X(BOr, OpBOr)                  \
-  X(BXor, OpBXor)
+  X(Sum, ops::Sum<Arith>)        \
+  X(Prod, ops::Prod<Arith>)      \
+  X(Min, ops::Min)               \
+  X(Max, ops::Max)               \
+  X(BAnd, ops::BAnd)             \
+  X(BOr, ops::BOr)               \
+  X(BXor, ops::BXor)
 
 // The cases of a switch over DType (RedOp) that call f with the tag's kind (op functor), in a
 // function whose callable is named `f`.

@@ -68,13 +68,7 @@ namespace {
 // ---------------------------------------------------------------------------------------------
 // Element kinds
 
-using ops::Complex;
-using ops::IsComplex;
-using ops::kIsBool;
-using ops::kIsFloat;
-using ops::kIsInt;
-using ops::supported;
-using ops::Wide;
+using namespace ops;  // the element traits and op functors (reduce/ops.h)
 
 // A kind: Store is what lies in memory, Math what the op is computed in.
 template <class T>
@@ -187,14 +181,7 @@ struct HostArith {
   }
 };
 
-// The names kinds.h's op list uses.
-using OpSum = ops::Sum<HostArith>;
-using OpProd = ops::Prod<HostArith>;
-using OpMin = ops::Min;
-using OpMax = ops::Max;
-using OpBAnd = ops::BAnd;
-using OpBOr = ops::BOr;
-using OpBXor = ops::BXor;
+using Arith = HostArith;  // kinds.h's op list computes with it
 
 // ---------------------------------------------------------------------------------------------
 // Loops

@@ -105,13 +105,7 @@ RR_X86_ARITH(double, div, __ddiv_rn)
 // ---------------------------------------------------------------------------------------------
 // Element kinds (as in reduce_cpu.cpp: Store is what lies in memory, Math what the op runs in)
 
-using ops::Complex;
-using ops::IsComplex;
-using ops::kIsBool;
-using ops::kIsFloat;
-using ops::kIsInt;
-using ops::supported;
-using ops::Wide;
+using namespace ops;  // the element traits and op functors (reduce/ops.h)
 
 // The textbook formulas, in the CPU's order of operations, so that each rounding is the same.
 template <class R>
@@ -183,14 +177,7 @@ struct DeviceArith {
   __device__ static M mul(M a, M b) { return cuda::mul(a, b); }
 };
 
-// The names kinds.h's op list uses.
-using OpSum = ops::Sum<DeviceArith>;
-using OpProd = ops::Prod<DeviceArith>;
-using OpMin = ops::Min;
-using OpMax = ops::Max;
-using OpBAnd = ops::BAnd;
-using OpBOr = ops::BOr;
-using OpBXor = ops::BXor;
+using Arith = DeviceArith;  // kinds.h's op list computes with it
 
 // Element maps for divide(). The divisor arrives already converted to the Math type (on the
 // host, with the same static_cast as the CPU), so the kernels only divide.
