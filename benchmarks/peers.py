@@ -32,9 +32,9 @@ Why it is built this way:
   CPU-slow ones, so a launch where the CPU ran slow does not read as a slow launch of a backend.
   The probe keeps its fastest run: it measures the CPU's speed, not its share, and a launch slowed
   by other processes on the cores reads CPU-normal.
-- One timing loop for every backend (peers_ranks.py, `time_sizes`): at each size, WARMUP untimed iterations, a
-  barrier, then as many iterations as last about --seconds (the count from the slowest rank's
-  warm-up, so the same on every rank); the time is the slowest rank's mean. Barriers and that
+- One timing loop for every backend (peers_ranks.py, `time_sizes`): at each size, WARMUP untimed
+  iterations, a barrier, then as many iterations as last about --seconds (the count from the slowest
+  rank's warm-up, so the same on every rank); the time is the slowest rank's mean. Barriers and that
   bookkeeping go through a separate channel (a gloo group, or MPI's own), never through the
   collective being measured. The native drivers follow the same protocol in C
   (benchmarks/peers/timing.h) and write the same JSON.
@@ -47,9 +47,9 @@ Why it is built this way:
 This file is the command line; the rest lives beside it, one responsibility a module, each
 depending only on those above it:
     peers_cpu.py     the CPU-speed probe
+    peers_native.py  Intel MPI and oneCCL: their drivers' build, environment and launch
     peers_ranks.py   inside the ranks: the timing loop, the workers, the peers' probe (the file
                      that every rank runs, with a sub-command)
-    peers_native.py  Intel MPI and oneCCL: their drivers' build, environment and launch
     peers_launch.py  the backends as the parent sees them: probing the peers, one launch
     peers_report.py  the results over the rounds, the header, the tables and the JSON
 """
