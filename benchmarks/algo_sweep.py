@@ -17,37 +17,20 @@ import datetime
 import os
 import statistics
 import sys
-import time
 
 import torch
 import torch.distributed as dist
 
+from ringreduce.bench import COLLECTIVES, format_size, size_arg, size_sweep, time_collective
+
 ALGOS = ("ring", "oneshot", "twoshot")
 
 
-def _size(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper().removesuffix("B").removesuffix("I")
-    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
-
-
-def _fmt(nbytes: int) -> str:
-    for unit, scale in (("M", 1 << 20), ("K", 1 << 10)):
-        if nbytes >= scale and nbytes % scale == 0:
-            return f"{nbytes // scale}{unit}"
-    return str(nbytes)
-
-
 def _time(t: torch.Tensor, iters: int, control) -> float:
-    for _ in range(5):
-        dist.all_reduce(t)
-    dist.barrier(group=control)
-    start = time.perf_counter()
-    for _ in range(iters):
-        dist.all_reduce(t)
-    mine = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64)
-    dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=control)
-    return mine.item()
+    """The slowest rank's mean time of dist.all_reduce(t) over `iters` calls, after 5 untimed ones
+    and a barrier: ringreduce.bench's loop, the count fixed here (the same for every algorithm)."""
+    timing = argparse.Namespace(redop="sum", warmup=5, blocking=True, iters=iters, min_time=0)
+    return time_collective(COLLECTIVES["all_reduce"], t, timing, dist.group.WORLD, control)
 
 
 def _rank(rank: int, world: int, port: int, args: argparse.Namespace, queue) -> None:
@@ -58,12 +41,8 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, queue) -> 
                             world_size=world)
     control = dist.new_group(backend="gloo")
     backend = dist.group.WORLD._get_backend(torch.device("cpu"))
-    sizes, size = [], args.minbytes
-    while size <= args.maxbytes:
-        sizes.append(size)
-        size *= args.stepfactor
     rows = []
-    for nbytes in sizes:
+    for nbytes in size_sweep(args.minbytes, args.maxbytes, args.stepfactor):
         t = torch.randn(nbytes // 4)
         iters = max(20, min(20000, int(args.seconds / max(nbytes / 2e9, 5e-6))))
         times = {a: [] for a in ALGOS}
@@ -85,8 +64,8 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, queue) -> 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("-g", "--nproc", type=int, default=2)
-    p.add_argument("-b", "--minbytes", type=_size, default=1 << 10)
-    p.add_argument("-e", "--maxbytes", type=_size, default=4 << 20)
+    p.add_argument("-b", "--minbytes", type=size_arg, default=1 << 10)
+    p.add_argument("-e", "--maxbytes", type=size_arg, default=4 << 20)
     p.add_argument("-f", "--stepfactor", type=int, default=4)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--seconds", type=float, default=0.05, help="per measurement (default 0.05)")
@@ -109,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     for nbytes, t, auto in rows:
         best = min(t, key=t.get)
         cells = [f"{t[a] * 1e6:12.1f}" if a in t else f"{'-':>12}" for a in ALGOS]
-        print(f"{_fmt(nbytes):>8} " + " ".join(cells) + f" {best:>9} {auto:>9}")
+        print(f"{format_size(nbytes):>8} " + " ".join(cells) + f" {best:>9} {auto:>9}")
     sys.stdout.flush()
 
 

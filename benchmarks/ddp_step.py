@@ -138,6 +138,7 @@ def _rank(rank, world, store, args):
         if group is gloo:
             gloo_works.append(work)
 
+    # Not ringreduce.bench.timing's loop: one step's all-reduce per sample, each after a barrier, the median.
     for label, group in (("ringreduce", rr), ("gloo", gloo)):
         for _ in range(2):
             all_reduce(group)

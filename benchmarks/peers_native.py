@@ -6,8 +6,8 @@ venv of its own and why pinned versions): impi-rt and impi-devel bring Intel MPI
 its mpiexec (hydra), mpicc and mpicxx, and libfabric with its providers; oneccl-cpu and
 oneccl-cpu-devel bring libccl.so.1 and its C++ headers. The drivers are small programs in
 benchmarks/peers/ (impi_allreduce.c, ccl_allreduce.cpp, and timing.h, the timing protocol they
-share with peers.py's Python workers). `build` compiles them with that venv's compiler wrappers
-into build/peers/ on first use, and again when a source or the venv changes.
+share with peers_ranks.py's Python workers). `build` compiles them with that venv's compiler
+wrappers into build/peers/ on first use, and again when a source or the venv changes.
 
 Every launch names the venv's own programs and libraries by absolute path (mpiexec, and
 LD_LIBRARY_PATH, FI_PROVIDER_PATH and I_MPI_ROOT, as the packages' own activation scripts set
@@ -60,7 +60,8 @@ class NativeProblem(RuntimeError):
     """A driver that could not be built or probed; the message says why in one line."""
 
 
-def _shown(path: str) -> str:
+def shown(path: str) -> str:
+    """A path as messages show it: relative to the repository when inside it."""
     full = os.path.abspath(path)
     return os.path.relpath(full, REPO) if full.startswith(REPO + os.sep) else path
 
@@ -73,11 +74,11 @@ def missing(name: str, root: str) -> str:
     else:
         need += [os.path.join(root, "bin", "mpicxx"), os.path.join(root, "include", "oneapi", "ccl.hpp"),
                  os.path.join(root, "lib", "libccl.so.1")]
-    absent = [_shown(p) for p in need if not os.path.exists(p)]
+    absent = [shown(p) for p in need if not os.path.exists(p)]
     if absent:
-        return f"not installed: no {', '.join(absent)}; `make bench-peers` sets up {_shown(root)}"
+        return f"not installed: no {', '.join(absent)}; `make bench-peers` sets up {shown(root)}"
     if name == "ccl" and not os.path.exists(os.path.join(root, "lib", "libccl.so.2")):
-        return (f"not installed: no {_shown(os.path.join(root, 'lib', 'libccl.so.2'))}, which libccl.so.1 needs "
+        return (f"not installed: no {shown(os.path.join(root, 'lib', 'libccl.so.2'))}, which libccl.so.1 needs "
                 "and oneccl-cpu's wheel lacks; `make bench-peers` copies it from the oneccl wheel of the same release")
     return ""
 

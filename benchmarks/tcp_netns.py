@@ -55,29 +55,15 @@ import time
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _REPO = os.path.dirname(_HERE)
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMG]?)(?:i?B)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-
-
-def parse_size(text: str) -> int:
-    m = _SIZE_RE.match(text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"cannot parse size {text!r} (e.g. 1M, 64M, 1048576)")
-    return int(m.group(1)) * _UNITS[m.group(2).lower()]
+sys.path.insert(0, _REPO)  # this checkout's ringreduce, which run() also puts on the ranks' PYTHONPATH
+from ringreduce.bench import format_size, parse_size, size_arg  # noqa: E402
 
 
 def parse_sizes(text: str) -> list[int]:
-    sizes = [parse_size(s) for s in text.split(",") if s.strip()]
+    sizes = [size_arg(s) for s in text.split(",") if s.strip()]
     if not sizes or any(s <= 0 or s % 4 for s in sizes):
         raise argparse.ArgumentTypeError(f"--sizes {text!r}: positive multiples of 4 bytes (fp32)")
     return sizes
-
-
-def format_size(nbytes: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale and nbytes % scale == 0:
-            return f"{nbytes // scale}{unit}"
-    return f"{nbytes}B"
 
 
 def parse_layouts(text: str) -> list[tuple[int, int]]:
@@ -234,6 +220,7 @@ def worker(args) -> int:
                 call(name, g, algo, bufs[name])
                 if i == 0 and not bool((bufs[name] == expect).all()):
                     raise RuntimeError(f"{name} all_reduce of {nbytes} bytes gave a wrong result on rank {rank}")
+        # Not ringreduce.bench.timing's loop: the three are interleaved round by round, each size's time a median.
         # Small messages run back to back within a round, so that the barrier's skew between
         # ranks is spread over many: about 8 MiB per round, 1 to 50 ops.
         per_round = max(1, min(50, (8 << 20) // nbytes))
@@ -277,7 +264,6 @@ def worker(args) -> int:
 
 
 def report(args, link, results) -> list[str]:
-    sys.path.insert(0, _REPO)
     from ringreduce import model
 
     first = next(iter(results.values()))
@@ -471,7 +457,6 @@ def run(args) -> int:
             print(f"tcp_netns: `{tool}` is not installed", file=sys.stderr)
             return 2
 
-    sys.path.insert(0, _REPO)
     from ringreduce._netns import destroy_hosts, make_hosts
 
     tag = str(os.getpid())
@@ -530,7 +515,7 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=10,
                     help="timed rounds per size and algorithm, each of 1 to 50 ops (default 10)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed iterations per size (default 2)")
-    ap.add_argument("--link-bytes", type=parse_size, default=parse_size("64M"),
+    ap.add_argument("--link-bytes", type=size_arg, default=parse_size("64M"),
                     help="bytes each way per repetition of the link measurement (default 64M)")
     ap.add_argument("--model-out", help="write the fitted model's parameters (JSON) here")
     ap.add_argument("--json", help="write the measurements (the link and every layout's times) here")

@@ -74,9 +74,13 @@ DEFAULT_PEERS_PYTHON = os.path.join(REPO, ".venv-peers", "bin", "python")
 WARMUP_TOKENS = 3  # a prefill and two decode steps: enough for torch.compile to compile both graphs
 SEED = 1234
 
-# benchmarks/ is no package: peers.py's launch helpers and DeepSpeed check, shared rather than copied.
+# benchmarks/ is no package: peers.py's launch helpers and DeepSpeed check, shared rather than copied,
+# from its modules that import no ringreduce (this file's DeepSpeed ranks run in .venv-peers).
 sys.path.insert(0, HERE)
-import peers  # noqa: E402
+import peers_cpu  # noqa: E402
+import peers_launch  # noqa: E402
+import peers_native  # noqa: E402
+import peers_ranks  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -493,7 +497,7 @@ def worker_main(argv: list[str]) -> None:
         # the all-reduce, the process group only carries the fallback, which is checked not to run.
         deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
         control = dist.new_group(backend="gloo")
-        problem = peers._deepspeed_shm_problem(ds_state.cdb, "float32")
+        problem = peers_ranks.deepspeed_shm_problem(ds_state.cdb, "float32")
         problems: list = [None] * world
         dist.all_gather_object(problems, problem, group=control)
         reasons = sorted({p for p in problems if p})
@@ -534,7 +538,7 @@ def launch(kind: str, python: str, cfg: argparse.Namespace, tmp: str, timeout: f
     if kind == "main":
         worker += ["--store", os.path.join(tmp, "store")]
     else:
-        port = peers._free_port()
+        port = peers_launch.free_port()
         # What DeepSpeed's launcher sets: LOCAL_SIZE tells the shm op that all ranks share a host.
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), DS_ACCELERATOR="cpu",
                    LOCAL_SIZE=str(cfg.nproc), LOCAL_WORLD_SIZE=str(cfg.nproc))
@@ -545,12 +549,12 @@ def launch(kind: str, python: str, cfg: argparse.Namespace, tmp: str, timeout: f
             with open(logs[r], "w") as f:
                 procs.append(subprocess.Popen([python, *worker], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
                                               stdout=f, stderr=subprocess.STDOUT, start_new_session=True))
-        peers._wait(procs, logs, timeout, f"the {kind} launch")
+        peers_launch.wait_all(procs, logs, timeout, f"the {kind} launch")
     finally:
-        peers._kill(procs)
+        peers_launch.kill_all(procs)
         if port is not None:  # DeepSpeed never unlinks its shm workspaces
             for r in range(cfg.nproc):
-                path = f"/dev/shm/{peers.DS_SHM_PREFIX}_{os.getuid()}_127.0.0.1_{port}_{r}"
+                path = f"/dev/shm/{peers_ranks.DS_SHM_PREFIX}_{os.getuid()}_127.0.0.1_{port}_{r}"
                 if os.path.exists(path):
                     os.remove(path)
     with open(out) as f:
@@ -586,7 +590,7 @@ def header(cfg, ds_note: str) -> list[str]:
         f"# batch 1, greedy: a {cfg.prompt}-token prompt (prefill), then {cfg.tokens} new tokens "
         f"({cfg.tokens - 1} decode steps after the prefill's); two all-reduces of {cfg.hidden * 4} bytes per "
         "layer and decode step",
-        f"# {cfg.started}; host {socket.gethostname()}: {os.cpu_count()} cores, {peers._cpu_model()}; "
+        f"# {cfg.started}; host {socket.gethostname()}: {os.cpu_count()} cores, {peers_cpu.cpu_model()}; "
         f"Python {platform.python_version()}; torch {torch.__version__}, ringreduce {_version('ringreduce')}; "
         f"{cfg.threads} intra-op thread(s) per rank",
         f"# command: {cfg.command}",
@@ -731,13 +735,13 @@ def main(argv: list[str]) -> int:
             try:
                 got = launch("main", sys.executable, argparse.Namespace(**{**vars(cfg), "setups": main_keys}),
                              tmp, args.timeout)
-            except peers.LaunchFailed as e:
+            except peers_launch.LaunchFailed as e:
                 print(e, file=sys.stderr)
                 return 1
             rows.update(got["rows"])
         if "split-deepspeed" in args.setups:
             if not os.path.exists(args.peers_python):
-                ds_note = f"skipped: {peers._shown(args.peers_python)} does not exist ({peers.SETUP_HINT})"
+                ds_note = f"skipped: {peers_native.shown(args.peers_python)} does not exist ({peers_launch.SETUP_HINT})"
                 rows["split-deepspeed"] = {"error": ds_note}
             else:
                 print("DeepSpeed launch: split-deepspeed and the floor", file=sys.stderr, flush=True)
@@ -746,11 +750,11 @@ def main(argv: list[str]) -> int:
                     rows.update(got["rows"])
                     ds_note = (f"DeepSpeed {got.get('deepspeed')}, deepspeed.comm.inference_all_reduce after "
                                "deepspeed.init_distributed('gloo'), DS_ACCELERATOR=cpu, LOCAL_SIZE=ranks, in "
-                               f"{peers._shown(args.peers_python)}; every rank checks its shm op is loaded "
+                               f"{peers_native.shown(args.peers_python)}; every rank checks its shm op is loaded "
                                "and in use")
-                except peers.LaunchFailed as e:
+                except peers_launch.LaunchFailed as e:
                     print(e, file=sys.stderr)
-                    ds_note = f"its launch failed: {peers._last_line(str(e))}"
+                    ds_note = f"its launch failed: {peers_launch.last_line(str(e))}"
                     rows["split-deepspeed"] = {"error": ds_note}
     head = header(cfg, ds_note)
     out = head + report(cfg, rows)

@@ -1,7 +1,8 @@
-"""Tests of benchmarks/peers.py: its table end to end with ringreduce (dist.all_reduce and its
-direct op) and gloo only (the peers, OpenMPI, Intel MPI, oneCCL and DeepSpeed, forced off, so none
-is needed), and its arithmetic directly; the native peers' plumbing (benchmarks/peers_native.py)
-without them, and their drivers (benchmarks/peers/) compiled and run where .venv-intel has them.
+"""Tests of benchmarks/peers.py and the modules it is made of (peers_*.py beside it): its table end
+to end with ringreduce (dist.all_reduce and its direct op) and gloo only (the peers, OpenMPI, Intel
+MPI, oneCCL and DeepSpeed, forced off, so none is needed), and its arithmetic directly; the native
+peers' plumbing (benchmarks/peers_native.py) without them, and their drivers (benchmarks/peers/)
+compiled and run where .venv-intel has them.
 
 The subprocess run uses two sizes, one round and a short timing: it tests the table, the launches
 and the JSON records, not the numbers.
@@ -22,18 +23,22 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "benchmarks", "peers.py")
 
 # benchmarks/ is no package: load the script as a module (registered first, as its dataclasses need).
-# It imports peers_native from its own folder.
+# It puts its own folder on sys.path, where the modules it is made of live.
 _spec = importlib.util.spec_from_file_location("bench_peers", SCRIPT)
 peers = sys.modules["bench_peers"] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(peers)
-native = peers.peers_native
+import peers_cpu  # noqa: E402
+import peers_launch  # noqa: E402
+import peers_native as native  # noqa: E402
+import peers_ranks  # noqa: E402
+import peers_report  # noqa: E402
 
 
 needs_ringreduce = harness.needs_ringreduce()
 
 # Per backend in BACKENDS order: a time(us) and a busbw(GB/s) column; then one x/rr ratio per peer.
-BACKEND_COLUMNS = {b: 3 + 2 * i for i, b in enumerate(peers.BACKENDS)}
-RATIO_COLUMNS = {b: 3 + 2 * len(peers.BACKENDS) + i for i, b in enumerate(peers.BACKENDS[1:])}
+BACKEND_COLUMNS = {b: 3 + 2 * i for i, b in enumerate(peers_ranks.BACKENDS)}
+RATIO_COLUMNS = {b: 3 + 2 * len(peers_ranks.BACKENDS) + i for i, b in enumerate(peers_ranks.BACKENDS[1:])}
 
 
 def parse_tables(stdout, spread=False):
@@ -70,13 +75,13 @@ def test_table_with_ringreduce_and_gloo_only(tmp_path):
     assert [int(r[0]) for r in rows] == [1024, 65536]
     assert [int(r[1]) for r in rows] == [256, 16384]
     for r in rows:
-        assert len(r) == 3 + 2 * len(peers.BACKENDS) + len(peers.BACKENDS) - 1, r
+        assert len(r) == 3 + 2 * len(peers_ranks.BACKENDS) + len(peers_ranks.BACKENDS) - 1, r
         assert r[2] in ("ring", "oneshot", "twoshot"), r  # ringreduce's algorithm at that size
         for b in ("ringreduce", "direct", "gloo"):
             i = BACKEND_COLUMNS[b]
             assert float(r[i]) > 0 and float(r[i + 1]) > 0, (b, r)
         assert float(r[RATIO_COLUMNS["gloo"]]) > 0 and float(r[RATIO_COLUMNS["direct"]]) > 0, r
-        for b in peers.PEERS:
+        for b in peers_launch.PEERS:
             i = BACKEND_COLUMNS[b]
             assert r[i] == r[i + 1] == r[RATIO_COLUMNS[b]] == "-", (b, r)
     assert re.search(r"^# world 2, 1KiB\.\.64KiB: ringreduce time = [\d.e+-]+x rr-direct's, [\d.e+-]+x gloo's$",
@@ -84,7 +89,7 @@ def test_table_with_ringreduce_and_gloo_only(tmp_path):
 
     doc = json.loads(path.read_text())
     records = {(r["backend"], r["bytes"]): r for r in doc["results"]}
-    assert len(records) == 2 * len(peers.BACKENDS)
+    assert len(records) == 2 * len(peers_ranks.BACKENDS)
     for b in ("ringreduce", "direct", "gloo"):
         for n in (1024, 65536):
             r = records[(b, n)]
@@ -152,7 +157,7 @@ def test_launches_print_the_spread(tmp_path):
 
 
 def test_results_spread_is_best_median_worst():
-    res = peers.Results()
+    res = peers_report.Results()
     res.add(0, "ringreduce", 2, {"rows": [{"bytes": 1024, "time_s": 1e-5, "iters": 1}]})
     assert res.spread("ringreduce", 2, 1024) == (1e-5, 1e-5, 1e-5)
     assert res.spread("gloo", 2, 1024) is None
@@ -165,14 +170,14 @@ def _launch(rnd, backend, time_s, probe_ns):
 def test_spread_splits_launches_by_the_cpu_probe():
     # Probes of 20, 21 and 30 ns: slow above 1.3 x 20 = 26, so the third round's launches are CPU
     # slow. ringreduce's times follow the CPU; gloo has no slow launch of the CPU but one of its own.
-    res = peers.Results()
+    res = peers_report.Results()
     for rnd, probe, rr, gloo in ((0, 20.0, 5e-6, 9e-6), (1, 21.0, 6e-6, 30e-6), (2, 30.0, 9e-6, 10e-6)):
         res.add(*_launch(rnd, "ringreduce", rr, probe))
         res.add(*_launch(rnd, "gloo", gloo, probe + 1 if rnd < 2 else 20.5))
     assert res.slow_cpu_limit(2) == pytest.approx(26.0) and res.slow_cpu_limit(4) is None
     assert res.split("ringreduce", 2, 1024) == pytest.approx((5.5e-6, 9e-6, 1, 3))
     assert res.split("gloo", 2, 1024) == (10e-6, None, 0, 3)
-    lines = peers.spread(2, peers.parse_args(["-g", "2", "--sizes", "1K", "--launches", "3"]), res)
+    lines = peers_report.spread(2, peers.parse_args(["-g", "2", "--sizes", "1K", "--launches", "3"]), res)
     assert all(len(x) <= 120 for x in lines), lines
     assert "# world 2: CPU probe (ns per loop iteration; see the header) over its 6 launches: best 20.0, median 21.0," \
         in lines
@@ -184,8 +189,8 @@ def test_spread_splits_launches_by_the_cpu_probe():
 
 
 def test_cpu_probe_in_processes_at_once():
-    assert peers.cpu_probe() > 0
-    assert peers.cpu_probe_processes(2) > 0
+    assert peers_cpu.cpu_probe() > 0
+    assert peers_cpu.cpu_probe_processes(2) > 0
 
 
 def test_parse_args_launches_is_rounds(capsys):
@@ -211,20 +216,41 @@ def test_parse_args_sizes_and_peers():
             peers.parse_args(bad)
 
 
+def test_the_ranks_modules_need_no_ringreduce():
+    # The ranks and the peers' probe run peers_ranks.py in .venv-peers, which has no ringreduce, and
+    # tp_decode.py's DeepSpeed ranks import peers_launch there; only the report and the command line
+    # may import it (for ringreduce.bench's sizes), and torch loads only in a worker that uses it.
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import peers_launch, peers_ranks; "
+            "print(sorted(m for m in ('ringreduce', 'torch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code, os.path.dirname(SCRIPT)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+    usage = subprocess.run([sys.executable, os.path.join(os.path.dirname(SCRIPT), "peers_ranks.py")],
+                           capture_output=True, text=True, timeout=60)
+    assert usage.returncode == 1 and "worker BACKEND" in usage.stderr, usage.stderr
+
+
+def test_parse_args_takes_ringreduce_bench_sizes(capsys):
+    assert peers.parse_args(["--sizes", "4KiB", "1M"]).sizes == [4096, 1 << 20]
+    with pytest.raises(SystemExit):
+        peers.parse_args(["--sizes", "1.5K"])
+    assert "cannot parse size '1.5K'" in capsys.readouterr().err
+
+
 def test_summary_ratios_point_the_right_way():
     # ringreduce takes half OpenMPI's time at 1 KiB and a third of it at 64 KiB; at 1 and 64 MiB
     # OpenMPI takes 2x and 3x ringreduce's time, so ringreduce's busbw is 2-3x OpenMPI's.
-    res = peers.Results()
+    res = peers_report.Results()
     sizes = [1 << 10, 64 << 10, 1 << 20, 64 << 20]
     res.add(0, "ringreduce", 2, {"rows": [{"bytes": n, "time_s": 1.0, "iters": 1} for n in sizes]})
     res.add(0, "mpi", 2, {"rows": [{"bytes": n, "time_s": t, "iters": 1} for n, t in zip(sizes, (2, 3, 2, 3))]})
-    lines = peers.summary(2, sizes, res)
+    lines = peers_report.summary(2, sizes, res)
     assert lines == [
         "# world 2, 1KiB..64KiB: ringreduce time = 0.33-0.5x OpenMPI's",
         "# world 2, >=1MiB: ringreduce busbw = 2-3x OpenMPI's",
         "# world 2, 64MiB: ringreduce busbw = 3x OpenMPI's",
     ]
-    assert peers.busbw_gbps(1 << 30, 4, 1.0) == pytest.approx((1 << 30) * 1.5 / 1e9)
+    assert peers_report.busbw_gbps(1 << 30, 4, 1.0) == pytest.approx((1 << 30) * 1.5 / 1e9)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -244,15 +270,15 @@ def _args(sizes):
 
 def test_driver_json_fills_the_native_columns():
     args = _args(["1K", "64K"])
-    res = peers.Results()
+    res = peers_report.Results()
     res.add(0, "ringreduce", 2, {"rows": [{"bytes": 1024, "time_s": 5e-6, "iters": 1},
                                           {"bytes": 65536, "time_s": 2e-5, "iters": 1}]})
     res.add(0, "impi", 2, json.loads(DRIVER_JSON))
     res.add(0, "ccl", 2, json.loads(DRIVER_JSON.replace("Intel(R) MPI Library 2021.18.1 for Linux* OS", "oneCCL")))
-    table_peers = {b: peers.Peer(b, "python") for b in peers.BACKENDS}
-    lines = peers.table(2, args, table_peers, res)
-    assert all(peers.LABELS[b] in lines[1].split() for b in peers.BACKENDS), lines[1]
-    assert all(f"{peers.LABELS[b]}/rr" in lines[2].split() for b in peers.BACKENDS[1:]), lines[2]
+    table_peers = {b: peers_launch.Peer(b, "python") for b in peers_ranks.BACKENDS}
+    lines = peers_report.table(2, args, table_peers, res)
+    assert all(peers_launch.LABELS[b] in lines[1].split() for b in peers_ranks.BACKENDS), lines[1]
+    assert all(f"{peers_launch.LABELS[b]}/rr" in lines[2].split() for b in peers_ranks.BACKENDS[1:]), lines[2]
     rows = [x.split() for x in lines[3:5]]
     for r, (rr, t) in zip(rows, ((5.0, 2.5), (20.0, 10.0)), strict=True):
         for b in ("impi", "ccl"):
@@ -264,18 +290,19 @@ def test_driver_json_fills_the_native_columns():
 
 def test_missing_native_peer_is_a_dash_with_the_reason(tmp_path):
     args = _args(["1K"])
-    found = {name: peers.probe_peer(name, "python", "float32", 10, intel_root=str(tmp_path)) for name in native.NATIVE}
+    found = {name: peers_launch.probe_peer(name, "python", "float32", 10, intel_root=str(tmp_path))
+             for name in native.NATIVE}
     for name, peer in found.items():
         assert peer.missing.startswith("not installed: no ") and "`make bench-peers` sets up" in peer.missing, peer
         assert not peer.runs
-    every = {b: peers.Peer(b, "python", missing="left out by --peers") for b in peers.PEERS}
-    every |= {b: peers.Peer(b, "python") for b in peers.ESSENTIAL + ("direct",)} | found
-    head = peers.header(args, every)
+    every = {b: peers_launch.Peer(b, "python", missing="left out by --peers") for b in peers_launch.PEERS}
+    every |= {b: peers_launch.Peer(b, "python") for b in peers_launch.ESSENTIAL + ("direct",)} | found
+    head = peers_report.header(args, every)
     for name in native.NATIVE:
-        assert f"# {peers.LABELS[name]}: - ({found[name].missing})" in head
-    res = peers.Results()
+        assert f"# {peers_launch.LABELS[name]}: - ({found[name].missing})" in head
+    res = peers_report.Results()
     res.add(0, "ringreduce", 2, {"rows": [{"bytes": 1024, "time_s": 5e-6, "iters": 1}]})
-    row = peers.table(2, args, every, res)[3].split()
+    row = peers_report.table(2, args, every, res)[3].split()
     for name in native.NATIVE:
         assert row[BACKEND_COLUMNS[name]] == row[BACKEND_COLUMNS[name] + 1] == row[RATIO_COLUMNS[name]] == "-", row
 
@@ -312,19 +339,19 @@ def test_driver_builds_runs_and_checks_its_sums(name, tmp_path):
     `make bench-peers` runs it: its JSON has a positive time and an iteration count per size."""
     why = native.missing(name, native.DEFAULT_ROOT)
     if why:
-        pytest.skip(f"{peers.LABELS[name]} is not set up here ({why})")
+        pytest.skip(f"{peers_launch.LABELS[name]} is not set up here ({why})")
     info = native.probe(name, native.DEFAULT_ROOT, timeout=60, build_dir=str(tmp_path / "build"))
     assert info["version"] and info["package"] != "unknown", info
     out = tmp_path / "out.json"
     cmd = native.command(native.DEFAULT_ROOT, info["binary"], 2, [
-        "--sizes", "1024,65536", "--seconds", "0.01", "--warmup", str(peers.WARMUP),
-        "--min-iters", str(peers.MIN_ITERS), "--out", str(out)])
+        "--sizes", "1024,65536", "--seconds", "0.01", "--warmup", str(peers_ranks.WARMUP),
+        "--min-iters", str(peers_ranks.MIN_ITERS), "--out", str(out)])
     env = native.environment(name, native.DEFAULT_ROOT, dict(os.environ))
     run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
     result = json.loads(out.read_text())
     assert [r["bytes"] for r in result["rows"]] == [1024, 65536]
-    assert all(r["time_s"] > 0 and r["iters"] >= peers.MIN_ITERS for r in result["rows"]), result
+    assert all(r["time_s"] > 0 and r["iters"] >= peers_ranks.MIN_ITERS for r in result["rows"]), result
     assert result["library"], result
     # A driver asked for what it cannot do says so, and does not run.
     bad = subprocess.run([info["binary"], "--sizes", "1023", "--seconds", "1", "--warmup", "1", "--min-iters", "1",

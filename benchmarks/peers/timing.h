@@ -1,6 +1,7 @@
-/* The timing protocol of benchmarks/peers.py (`_time_sizes`), for the drivers that are not Python:
- * impi_allreduce.c (Intel MPI) and ccl_allreduce.cpp (oneCCL). Each driver supplies the measured
- * in-place float SUM all-reduce; this file does the rest, the same way the Python workers do:
+/* The timing protocol of benchmarks/peers.py (peers_ranks.py, `time_sizes`), for the drivers that
+ * are not Python: impi_allreduce.c (Intel MPI) and ccl_allreduce.cpp (oneCCL). Each driver supplies
+ * the measured in-place float SUM all-reduce; this file does the rest, the same way the Python
+ * workers do:
  *
  *   per size: a zeroed buffer; --warmup untimed iterations (each one timed on its own); the count
  *   of timed iterations = max(--min-iters, ceil(--seconds / the slowest rank's median warm-up
@@ -11,7 +12,7 @@
  * The barrier and the two max-reductions go through `control`, an MPI communicator that the
  * driver duplicated for them, never through the measured collective or its communicator.
  * Rank 0 writes {"rows": [{"bytes", "time_s", "iters"}, ...], "library": ...} to --out: the JSON
- * that peers.py's workers write and its launcher reads. A wrong sum aborts the job (MPI_Abort)
+ * that peers_ranks.py's workers write and peers_launch.py reads. A wrong sum aborts the job (MPI_Abort)
  * with a message naming the rank, the size and the count of wrong elements.
  *
  * Command line: DRIVER --sizes 1024,65536 --seconds 0.2 --warmup 5 --min-iters 3 --out PATH
@@ -134,7 +135,7 @@ static void peers_time_sizes(const struct peers_options *o, int rank, int world,
     for (int s = 0; s < o->nsizes; s++) {
         size_t count = (size_t)o->sizes[s] / sizeof(float);
         /* Owned here, freed at the end of the size. Zeroed: repeated in-place sums of anything
-         * else overflow to inf within a few hundred iterations (see _time_sizes). */
+         * else overflow to inf within a few hundred iterations (see time_sizes). */
         float *buf = (float *)aligned_alloc(64, (count * sizeof(float) + 63) / 64 * 64);
         if (!buf || !warm) {
             fprintf(stderr, "rank %d: cannot allocate %ld bytes\n", rank, o->sizes[s]);
@@ -191,7 +192,7 @@ static void peers_json_string(FILE *f, const char *text) {
     fputc('"', f);
 }
 
-/* Rank 0's result, as peers.py's workers write it; `library` goes along as "library". Returns 0,
+/* Rank 0's result, as peers_ranks.py's workers write it; `library` goes along as "library". Returns 0,
  * or 1 with a message when the file cannot be written. */
 static int peers_write_json(const char *path, const struct peers_row *rows, int n, const char *library) {
     FILE *f = fopen(path, "w");

@@ -17,6 +17,7 @@ through its memory together. NCCL cannot put two ranks on one GPU, so it is not 
 rank 0 times it at world size 1 after the table, in a process of its own, as the launch-overhead floor.
 
 The package, one responsibility a module, each depending only on those above it:
+    sizes        the size parser and formatter (also the benchmarks/ scripts')
     collectives  what each collective is: how to run it, check it, its busbw factor, its byte model
     timing       the timing loop and the figures the ranks agree on
     floor        the memory floor's unit, the machine's copy bandwidth
@@ -38,10 +39,8 @@ from .cli import (
     ensure_backend,
     main,
     parse_args,
-    parse_size,
     run_launches,
     run_rank,
-    size_sweep,
     verify_same_plan,
 )
 from .collectives import (
@@ -62,6 +61,7 @@ from .collectives import (
 )
 from .cuda import Gpu, measure_gpu, nccl_floor
 from .floor import copy_bytes, measure_copy_bandwidth
-from .report import Report, format_size
+from .report import Report
+from .sizes import format_size, parse_size, size_arg, size_sweep
 from .spread import Launch, SizeSpread, Spread
 from .timing import Result, SetResults, iterations, probe_support, safety_cost, time_collective

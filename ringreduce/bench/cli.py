@@ -7,7 +7,6 @@ import copy
 import datetime
 import os
 import pickle
-import re
 import shlex
 import sys
 import tempfile
@@ -21,6 +20,7 @@ from .collectives import COLLECTIVES, DTYPES, PROG, REDOPS
 from .cuda import measure_gpu, nccl_floor
 from .floor import copy_bytes, measure_copy_bandwidth
 from .report import Report
+from .sizes import size_arg, size_sweep
 from .spread import Launch, Spread
 from .timing import (
     SAFETY_OFF,
@@ -33,32 +33,6 @@ from .timing import (
 )
 
 BUILD_HINT = "build it with `make build` or `pip install --no-build-isolation --no-deps -e .`"
-
-
-# ---------------------------------------------------------------------------------------------------
-# Sizes
-
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*([kmg]?)(i?b)?\s*$", re.IGNORECASE)
-_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-
-
-def parse_size(text: str) -> int:
-    """Bytes from '1024', '1K', '64M', '1G' (binary units, as in nccl-tests; 'KB'/'KiB' also read)."""
-    m = _SIZE_RE.match(text)
-    if not m:
-        raise ValueError(
-            f"cannot parse size {text!r}: expected a whole number with an optional K, M or G suffix"
-        )
-    return int(m.group(1)) * _SIZE_UNITS[m.group(2).lower()]
-
-
-def size_sweep(minbytes: int, maxbytes: int, factor: int) -> list[int]:
-    sizes = []
-    size = minbytes
-    while size <= maxbytes:
-        sizes.append(size)
-        size *= factor
-    return sizes
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -75,8 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "-g", "--nproc", type=int, help="local ranks to start (default 2; under torchrun: its world size)"
     )
-    p.add_argument("-b", "--minbytes", type=_size_arg, default="1K", help="smallest size (default 1K)")
-    p.add_argument("-e", "--maxbytes", type=_size_arg, default="64M", help="largest size (default 64M)")
+    p.add_argument("-b", "--minbytes", type=size_arg, default="1K", help="smallest size (default 1K)")
+    p.add_argument("-e", "--maxbytes", type=size_arg, default="64M", help="largest size (default 64M)")
     p.add_argument("-f", "--stepfactor", type=int, default=4, help="size multiplier between rows (default 4)")
     p.add_argument(
         "-n",
@@ -169,13 +143,6 @@ def build_parser() -> argparse.ArgumentParser:
         "process of its own, as the launch-overhead floor (default on with --device cuda)",
     )
     return p
-
-
-def _size_arg(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _bool_arg(text: str) -> bool:

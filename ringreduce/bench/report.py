@@ -20,6 +20,7 @@ from ringreduce import _launch
 from .collectives import PROG, SETS, Collective
 from .cuda import GPU_REPS, KERNEL_BYTES, Gpu
 from .floor import COPY_TRIALS, copy_bytes
+from .sizes import format_size
 from .timing import SAFETY_ROUNDS, Result, SetResults
 
 # The headline sizes of the CUDA summary (ranks sharing one GPU, world size 2): a large op against
@@ -41,13 +42,6 @@ def comment(text: str, wrap: bool = True) -> str:
     indent = " " * (len(text) - len(text.lstrip(" ")) + 4)
     return "\n".join("# " + part for part in textwrap.wrap(
         text, WIDTH - 2, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False))
-
-
-def format_size(nbytes: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale and nbytes % scale == 0:
-            return f"{nbytes // scale}{unit}"
-    return f"{nbytes}B"
 
 
 def _fmt(value: float | None, spec: str) -> str:
