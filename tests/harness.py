@@ -561,3 +561,18 @@ def digest(t) -> str:
     else:
         b = flat.view(torch.uint8).numpy().tobytes()
     return hashlib.blake2b(b, digest_size=16).hexdigest()
+
+
+def shm_entries():
+    """ringreduce's named segments in /dev/shm now (the fallback's; memfd segments have no name)."""
+    return {n for n in os.listdir("/dev/shm") if n.startswith("ringreduce-")}
+
+
+def can_unshare_pid():
+    """Whether this machine lets a process start children in a PID namespace of their own."""
+    import subprocess
+    try:
+        return subprocess.run(["unshare", "--pid", "--fork", "true"], capture_output=True,
+                              timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False

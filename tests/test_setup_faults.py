@@ -1,0 +1,234 @@
+"""Faults in a group's set-up and its shared memory: a /dev/shm of a container's default size, one
+too small to hold the group, and a job restarted on the same store after a rank died inside
+init_process_group.
+
+As in test_faults.py, each case starts its own ranks as plain processes, because a rank is meant
+to die here; every rank writes what happened to a JSON file, and deadlines are everywhere.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import harness
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+SMALL_SHM_WORKER = r'''
+import json, os, sys, time
+from datetime import timedelta
+import torch.distributed as dist
+import ringreduce  # noqa: F401
+rank = int(os.environ["RANK"])
+t0 = time.time()
+res = {"rank": rank}
+try:
+    dist.init_process_group("ringreduce", timeout=timedelta(seconds=60))
+    res["error"] = None
+    mib = int(os.environ.get("ALLREDUCE_MIB", "0"))
+    if mib:
+        import torch
+        t = torch.full((mib << 18,), float(rank + 1))
+        dist.all_reduce(t)
+        world = dist.get_world_size()
+        res["sum_ok"] = bool((t == float(world * (world + 1) // 2)).all())
+        res["segments"] = dist.group.WORLD._get_backend(torch.device("cpu")).segments
+        dist.barrier()
+except Exception as e:
+    res["error"] = str(e)
+res["t"] = time.time() - t0
+# A file per rank: the ranks run in the background of one shell, and lines they print at the same
+# moment can run into each other.
+with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
+    json.dump(res, f)
+'''
+
+
+def _can_unshare_mount():
+    try:
+        return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                               "mount -t tmpfs -o size=1m tmpfs /dev/shm"],
+                              capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _small_dev_shm(tmp_path, world, shm_size, wrap="", extra_env=None, timeout=120):
+    """Runs SMALL_SHM_WORKER's ranks in a mount namespace of the test's own with a tmpfs of
+    `shm_size` on /dev/shm, each under `wrap`; returns (results by rank, what the shell printed,
+    the names left in /dev/shm)."""
+    port = harness.free_port()
+    script = tmp_path / "worker.py"
+    script.write_text(SMALL_SHM_WORKER)
+    launch = " ".join(
+        f"RANK={r} WORLD_SIZE={world} MASTER_ADDR=127.0.0.1 MASTER_PORT={port} "
+        f"{wrap} {sys.executable} {script} {tmp_path} & " for r in range(world))
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               **(extra_env or {}))
+    env.pop("RINGREDUCE_TRANSPORT", None)
+    out = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+         f"mount -t tmpfs -o size={shm_size} tmpfs /dev/shm && {launch} wait; echo LEFT: $(ls /dev/shm)"],
+        capture_output=True, text=True, timeout=timeout, env=env)
+    results = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]
+    left = [x.strip() for x in out.stdout.splitlines() if x.startswith("LEFT:")]
+    return results, out.stdout + out.stderr[-3000:], left
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_a_docker_sized_dev_shm_does_not_limit_the_group(tmp_path, backend, world):
+    """Docker's default /dev/shm is 64 MB, less than the segments of 4 or 8 ranks that all-reduce
+    64 MiB. Segments without a name (memfd) do not live there: every rank sets up, the all-reduce
+    is right, and nothing is ever linked in /dev/shm."""
+    if backend != "ringreduce":
+        pytest.skip("ringreduce's shared-memory set-up")
+    if not _can_unshare_mount():
+        pytest.skip("`unshare --mount` and a tmpfs mount are not permitted here (needs root)")
+    results, why, left = _small_dev_shm(tmp_path, world, "64m", extra_env={"ALLREDUCE_MIB": "64"},
+                                        timeout=300)
+    assert len(results) == world, why
+    for res in results:
+        assert res["error"] is None and res.get("sum_ok"), why
+        assert res["segments"] == "memfd", why
+    assert left == ["LEFT:"], why
+
+
+def test_a_dev_shm_too_small_fails_every_rank_at_once_with_the_size_and_the_fix(tmp_path, backend):
+    """Ranks of one machine in different PID namespaces (a container per rank sharing /dev/shm)
+    use named segments in /dev/shm. Here a 20 MB tmpfs on /dev/shm, in a mount namespace of the
+    test's own, each rank in a PID namespace of its own: two ranks' segments fit, the third's does
+    not. Every rank must fail within a second or two (the store's timeout is 60 s), say how much
+    is needed and how to get it, and leave nothing in /dev/shm."""
+    if backend != "ringreduce":
+        pytest.skip("ringreduce's shared-memory set-up")
+    if not _can_unshare_mount():
+        pytest.skip("`unshare --mount` and a tmpfs mount are not permitted here (needs root)")
+    if not harness.can_unshare_pid():
+        pytest.skip("`unshare --pid --fork` is not permitted here (needs root or user namespaces)")
+    world = 3
+    results, why, left = _small_dev_shm(tmp_path, world, "20m", wrap="unshare --pid --fork")
+    assert len(results) == world, why
+    for res in results:
+        err = res["error"]
+        assert err is not None, why
+        assert "cannot reserve" in err and "MiB" in err and "/dev/shm holds" in err, why
+        assert "--shm-size" in err and "RINGREDUCE_TRANSPORT=tcp" in err, why
+        assert res["t"] < 5, why
+    assert any(f"rank {r} failed" in res["error"] for res in results for r in range(world)), why
+    assert left == ["LEFT:"], why
+
+
+RESTART_WORKER = r'''
+import json, os, sys
+from datetime import timedelta
+import torch
+import torch.distributed as dist
+import ringreduce  # noqa: F401
+
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+# The launcher's store, which outlives an attempt (as torchrun's agent's does).
+store = dist.TCPStore("127.0.0.1", int(os.environ["STORE_PORT"]), world, is_master=False,
+                      timeout=timedelta(seconds=20))
+dist.init_process_group("ringreduce", store=store, rank=rank, world_size=world,
+                        timeout=timedelta(seconds=20))
+t = torch.full((1000,), float(rank + 1))
+dist.all_reduce(t)
+print(json.dumps({"rank": rank, "sum": t[0].item()}), flush=True)
+dist.barrier()
+dist.destroy_process_group()
+'''
+
+
+def _restart_env(world, server):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TORCHELASTIC_", "RINGREDUCE_FAILPOINT"))}
+    env.update(WORLD_SIZE=str(world), STORE_PORT=str(server.port),
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return env
+
+
+def _start_restart_rank(env, rank, extra=None):
+    return subprocess.Popen([sys.executable, "-c", RESTART_WORKER],
+                            env=dict(env, RANK=str(rank), **(extra or {})),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _restarted_job_runs(env, world):
+    """One attempt of every rank on the launcher's store; it must set up and all-reduce."""
+    procs = [_start_restart_rank(env, r) for r in range(world)]
+    outputs = []
+    for p in procs:
+        try:
+            outputs.append(p.communicate(timeout=90)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail("the restarted job hung in set-up on the reused store")
+    why = "\n".join(f"--- rank {r} ---\n{o[-2000:]}" for r, o in enumerate(outputs))
+    for p, out in zip(procs, outputs):
+        assert p.returncode == 0, why
+        line = [ln for ln in out.splitlines() if ln.startswith("{")]
+        assert line and json.loads(line[-1])["sum"] == float(sum(range(1, world + 1))), why
+
+
+@pytest.mark.parametrize("how", ["SIGKILL at the start of set-up", "SIGTERM inside set-up"])
+def test_rank0_dies_in_set_up_and_the_job_restarts_twice_on_the_same_store(tmp_path, backend, how):
+    """World 2 on a launcher's TCPStore, no torchrun variables: rank 0 dies inside
+    init_process_group (killed by a failpoint before it wrote anything, or terminated from outside
+    while it waits there for rank 1, which never came), then the job is restarted on the same
+    store twice in a row: both attempts set up and all-reduce, and nothing is left in /dev/shm."""
+    if backend != "ringreduce":
+        pytest.skip("ringreduce's set-up")
+    import torch.distributed as dist
+
+    world = 2
+    server = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False)
+    env = _restart_env(world, server)
+    before = harness.shm_entries()
+    if how.startswith("SIGKILL"):
+        first = [_start_restart_rank(env, r, {"RINGREDUCE_FAILPOINT": "setup.start:0"} if r == 0 else None)
+                 for r in range(world)]
+        first[0].wait(timeout=120)
+        time.sleep(1.0)  # sleep-ok: rank 1 gets into set-up, which shows nowhere outside it
+        first[1].kill()
+        first[1].wait()
+    else:
+        lone = _start_restart_rank(env, 0)
+        time.sleep(8.0)  # sleep-ok: it imports torch, then waits in set-up for rank 1 (unseen)
+        assert lone.poll() is None, lone.communicate()[0][-2000:]
+        lone.send_signal(signal.SIGTERM)
+        lone.wait(timeout=60)
+    _restarted_job_runs(env, world)
+    _restarted_job_runs(env, world)
+    assert harness.shm_entries() - before == set()
+
+
+def test_a_job_restarted_on_the_same_store_after_a_rank_died_in_set_up_runs(tmp_path, backend):
+    """A launcher that keeps its store across attempts (torchrun's agent does; so may others,
+    without torchrun's TORCHELASTIC_RESTART_COUNT): attempt 1 loses a rank at the very start of
+    the group's set-up, before it has written anything, and the launcher kills the others; attempt 2
+    on the same store must set the group up and run, not wait for keys of the dead attempt."""
+    if backend != "ringreduce":
+        pytest.skip("ringreduce's set-up")
+    import torch.distributed as dist
+
+    world = 3
+    server = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False)
+    env = _restart_env(world, server)
+    # Attempt 1: rank 2 dies at the start of set-up; the others get into theirs, then the launcher
+    # ends them.
+    first = [_start_restart_rank(env, r, {"RINGREDUCE_FAILPOINT": "setup.start:2"} if r == 2 else None)
+             for r in range(world)]
+    first[2].wait(timeout=120)
+    time.sleep(2.0)  # sleep-ok: ranks 0 and 1 get into set-up, which shows nowhere outside it
+    for p in first[:2]:
+        p.kill()
+        p.wait()
+    _restarted_job_runs(env, world)
