@@ -61,7 +61,7 @@ def sources(*patterns):
 
 # Sources that need the CUDA toolkit: the core's (build.cfg) and the torch layer's CUDA side.
 # Built only when cuda_build_reason() says so.
-CUDA_SOURCES = sources(*BUILD["CUDA_SOURCES"], "backend/cuda_side.cpp")
+CUDA_SOURCES = sources(*BUILD["CUDA_SOURCES"], "backend/cuda_*.cpp")
 
 # The torch-free core (build.cfg; also built on its own by CMakeLists.txt) and the torch layer.
 CPU_SOURCES = [s for s in sources(

@@ -2,6 +2,10 @@
 // builds the op (what runs once its turn comes, over the buffers it owns) and queues it.
 #include "backend/ring_backend.h"
 
+#ifdef RINGREDUCE_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
+
 #include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
 
@@ -214,9 +218,56 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allreduce(std::vector<at::Tensor>& t
   const DType d = checked_dtype(t, name, rank_);
   const Reduction red = checked_reduction(opts.reduceOp, d, name, rank_, size_);
   const auto device = checked_device(name, rank_, {t}, {});
+#ifdef RINGREDUCE_WITH_CUDA
+  if (device && device->is_cuda() && cuda_->takes_ordered_allreduce(name, *device, red.op, red.divisor)) {
+    return ordered_allreduce(t, d, red, opts.timeout);
+  }
+#endif
   return enqueue(c10d::OpType::ALLREDUCE, name, device, {t}, {}, opts.timeout, opts.asyncOp,
                  allreduce_body(t, d, red));
 }
+
+#ifdef RINGREDUCE_WITH_CUDA
+// A stream-ordered CUDA all-reduce (backend/cuda_ordered.h): queued here, on the caller's thread.
+c10::intrusive_ptr<c10d::Work> RingBackend::ordered_allreduce(const at::Tensor& t, DType d,
+                                                             const Reduction& red,
+                                                             std::chrono::milliseconds timeout) {
+  const char* name = "allreduce";
+  at::NoGradGuard no_grad;
+  // The group's stream runs ops in call order: ops queued before this one for the progress
+  // thread (ring ops, host ops) run first, here.
+  queue_.finish_queued();
+  // A strided tensor is reduced in a contiguous copy and written back on the op's stream (where
+  // an aborted op leaves the copy, and so the tensor, as it was); PREMUL_SUM scales this rank's
+  // contribution into a tensor of the op's own. Both on the caller's stream, before the op.
+  at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
+  at::Tensor in = red.premul ? buf.mul(*red.premul) : buf;
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t seq = next_seq_++;
+  const std::chrono::milliseconds limit = timeout == c10d::kUnsetTimeout ? timeout_ : timeout;
+  if (flight_->capacity() != 0) {
+    const std::vector<int64_t>& dims = dims_of({t});
+    flight_->issued(seq, name, dims.data(), dims.size(), c10::toString(t.scalar_type()));
+    flight_->started(seq);
+  }
+  c10::intrusive_ptr<c10d::Work> work;
+  try {
+    work = cuda_->ordered_allreduce(name, seq, in, buf, d, red.op, limit);
+  } catch (...) {
+    --next_seq_;  // never issued: later ops keep the numbers the other ranks give them
+    flight_->withdraw(seq);
+    throw;
+  }
+  if (!buf.is_same(t)) {
+    // On the op's stream: wait() orders the caller after it as after the op.
+    c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(t.device().index());
+    work->synchronize();
+    t.copy_(buf);
+    buf.record_stream(caller);
+  }
+  return work;
+}
+#endif
 
 // `t` passed single_tensor(), `d` is its dtype and `red` the reduction checked for it.
 RingBackend::Body RingBackend::allreduce_body(const at::Tensor& t, DType d, const Reduction& red) {

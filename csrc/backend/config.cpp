@@ -112,6 +112,13 @@ void set_cuda_transport(Config& c, const char* var, const char* v) {
   c.cuda_transport = m;
 }
 
+void set_cuda_window_bytes(Config& c, const char* var, const char* v) {
+  const uint64_t b = parse_bytes(var, v);
+  RR_CHECK(b == 0 || (b >= 4096 && b <= (1ull << 32) && b % 4096 == 0), "ringreduce: ", var, "=", v,
+           " must be 0 (off) or a multiple of 4096 between 4K and 4G");
+  c.cuda_window_bytes = b;
+}
+
 void set_slots(Config& c, const char* var, const char* v) {
   const uint64_t s = parse_uint(var, v);
   RR_CHECK(s >= 2 && s <= 64, "ringreduce: ", var, "=", v, " must be between 2 and 64");

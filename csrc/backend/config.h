@@ -55,6 +55,7 @@ struct Config {
   // open every other's device memory, else staged through host memory, said once), "ipc" (fail
   // when it cannot be used) or "staged".
   std::string cuda_transport = "auto";
+  size_t cuda_window_bytes = 64 << 20;  // 0: no stream-ordered CUDA all-reduce
   // Ranks cut into this many "hosts" of consecutive ranks, which talk over TCP as if on other
   // machines (RINGREDUCE_FAKE_HOSTS, 0: the hosts the probe finds): runs the multi-host
   // algorithms on one machine, for tests and the benchmark.

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <optional>
 
+#include "backend/cuda_ordered.h"
 #include "backend/store_bootstrap.h"
 #include "backend/work.h"
 #include "common/error.h"
@@ -17,12 +18,14 @@
 #include "reduce/reduce_cuda.h"
 #include "ring/ring.h"
 #include "transport/cuda_ipc/cuda_ipc_transport.h"
+#include "transport/cuda_ipc/device_window.h"
 
 namespace ringreduce {
 
 struct CudaSide::Impl {
-  Impl(c10::intrusive_ptr<c10d::Store> s, std::string p, int r, int n, const Config& c, Transport& h)
-      : store(std::move(s)), prefix(std::move(p)), rank(r), size(n), cfg(c), host(h) {}
+  Impl(c10::intrusive_ptr<c10d::Store> s, std::string p, int r, int n, const Config& c, Transport& h,
+       std::function<void(uint64_t, const std::string&)> f)
+      : store(std::move(s)), prefix(std::move(p)), rank(r), size(n), cfg(c), host(h), finished(std::move(f)) {}
 
   // The device ring, built at the first CUDA op (by its caller, under setup_mu; afterwards only
   // the progress thread uses it).
@@ -45,6 +48,7 @@ struct CudaSide::Impl {
         ipc = t.get();
         transport = std::move(t);
         ring_ = std::make_unique<Ring>(*transport, cfg.cuda_slice_bytes, *kernels);
+        set_up_ordered(bs);
       } catch (const CudaIpcUnavailable& e) {
         if (cfg.cuda_transport == "ipc") {
           throw Error(detail::cat("ringreduce: rank ", rank, ": RINGREDUCE_CUDA_TRANSPORT=ipc, but ",
@@ -78,11 +82,30 @@ struct CudaSide::Impl {
     return *coll_;
   }
 
+  // The stream-ordered all-reduce, over a device window beside the IPC transport: unless it is
+  // turned off, and unless some rank cannot have one (every rank then learns why, and all of
+  // them take the ring).
+  void set_up_ordered(Bootstrap& bs) {
+    if (cfg.cuda_window_bytes == 0 || cfg.algo == Algo::Ring) return;
+    try {
+      auto w = std::make_unique<DeviceWindow>(bs, prefix + "cuda/win/", rank, size, cfg.cuda_window_bytes,
+                                              device->index());
+      ordered = std::make_unique<CudaOrdered>(std::move(w), host, finished);
+    } catch (const CudaIpcUnavailable& e) {
+      if (rank == 0) {
+        log::note(rank, detail::cat("CUDA all-reduces of this group take the ring, with a host wait per ",
+                                    "message: ", e.what()));
+      }
+    }
+  }
+
   c10::intrusive_ptr<c10d::Store> store;
   std::string prefix;
   int rank, size;
   Config cfg;
   Transport& host;
+  std::function<void(uint64_t, const std::string&)> finished;
+  std::unique_ptr<CudaOrdered> ordered;  // null: every CUDA op takes the ring
 
   mutable std::mutex mu;  // device, comm and name, read by callers' threads
   std::mutex setup_mu;    // the ring's set-up, by the first caller
@@ -98,13 +121,17 @@ struct CudaSide::Impl {
 };
 
 CudaSide::CudaSide(c10::intrusive_ptr<c10d::Store> store, std::string prefix, int rank, int size,
-                   const Config& cfg, Transport& host)
-    : impl_(std::make_unique<Impl>(std::move(store), std::move(prefix), rank, size, cfg, host)) {}
+                   const Config& cfg, Transport& host,
+                   std::function<void(uint64_t, const std::string&)> finished)
+    : impl_(std::make_unique<Impl>(std::move(store), std::move(prefix), rank, size, cfg, host,
+                                   std::move(finished))) {}
 
-CudaSide::~CudaSide() = default;
+CudaSide::~CudaSide() {
+  // The ordered ops' watchdog first: it may still abort through the transports.
+  impl_->ordered.reset();
+}
 
-std::function<void(const OpContext&, const Deadline&)> CudaSide::prepare(
-    const char* op, const c10::Device& device, const std::vector<at::Tensor>& used, RingBody body) {
+c10::cuda::CUDAStream CudaSide::comm_stream(const char* op, const c10::Device& device) {
   Impl& m = *impl_;
   c10::cuda::CUDAStream comm = [&] {
     std::lock_guard<std::mutex> lock(m.mu);
@@ -126,6 +153,32 @@ std::function<void(const OpContext&, const Deadline&)> CudaSide::prepare(
     std::lock_guard<std::mutex> lock(m.setup_mu);
     m.ring();
   }
+  return comm;
+}
+
+bool CudaSide::takes_ordered_allreduce(const char* op, const c10::Device& device, RedOp red,
+                                       int64_t divisor) {
+  comm_stream(op, device);
+  return impl_->ordered && impl_->ordered->takes_allreduce(red, divisor);
+}
+
+c10::intrusive_ptr<c10d::Work> CudaSide::ordered_allreduce(const char* op, uint64_t seq,
+                                                           const at::Tensor& in, const at::Tensor& out,
+                                                           DType t, RedOp red,
+                                                           std::chrono::milliseconds timeout) {
+  Impl& m = *impl_;
+  const c10::Device device = out.device();
+  c10::cuda::CUDAStream comm = comm_stream(op, device);
+  c10::cuda::CUDAGuard guard(device);
+  return m.ordered->allreduce(op, seq, m.rank, in, out, t, red, timeout, comm,
+                              c10::cuda::getCurrentCUDAStream(device.index()));
+}
+
+std::function<void(const OpContext&, const Deadline&)> CudaSide::prepare(
+    const char* op, const c10::Device& device, const std::vector<at::Tensor>& used, RingBody body) {
+  Impl& m = *impl_;
+  c10::cuda::CUDAStream comm = comm_stream(op, device);
+  c10::cuda::CUDAGuard guard(device);
   // The caller's stream has queued the work that produces the inputs: the op starts after it.
   auto ready = std::make_shared<at::cuda::CUDAEvent>(cudaEventDisableTiming);
   ready->record(c10::cuda::getCurrentCUDAStream(device.index()));
@@ -171,6 +224,7 @@ std::string CudaSide::transport_name() const {
 
 void CudaSide::abort_group(const std::string& why) {
   if (impl_->ipc) impl_->ipc->abort_group(why);
+  if (impl_->ordered) impl_->ordered->abort(why);
 }
 
 std::vector<std::string> CudaSide::linked_segments() const {

@@ -21,14 +21,22 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
 #include "backend/config.h"
+#include "common/dtype.h"
 #include "common/deadline.h"
 #include "transport/transport.h"
+
+namespace c10::cuda {
+class CUDAStream;  // c10/cuda/CUDAStream.h, which a build without CUDA does not have
+}
 
 namespace ringreduce {
 
@@ -41,9 +49,11 @@ using RingBody = std::function<void(Collectives&, const OpContext&, const Deadli
 class CudaSide {
  public:
   // `host`: the group's host transport (outlives this), carrying staged messages when CUDA IPC
-  // cannot join the ranks. `prefix`: the group's store prefix.
+  // cannot join the ranks. `prefix`: the group's store prefix. `finished(seq, error)`: called
+  // once per stream-ordered op when it ends on the device ("" on success).
   CudaSide(c10::intrusive_ptr<c10d::Store> store, std::string prefix, int rank, int size,
-           const Config& cfg, Transport& host);
+           const Config& cfg, Transport& host,
+           std::function<void(uint64_t, const std::string&)> finished);
   ~CudaSide();
 
   // At the call, on the caller's thread: checks that `device` is this group's device (its first
@@ -52,6 +62,16 @@ class CudaSide {
   std::function<void(const OpContext&, const Deadline&)> prepare(
       const char* op, const c10::Device& device, const std::vector<at::Tensor>& used, RingBody body);
 
+  // Whether an all-reduce on `device` with `op` and `divisor` is stream-ordered (backend/
+  // cuda_ordered.h) rather than run by the ring: the same answer on every rank for the same call.
+  // Sets the device transport up at the group's first CUDA op, as prepare() does.
+  bool takes_ordered_allreduce(const char* op, const c10::Device& device, RedOp red, int64_t divisor);
+  // Queues that all-reduce of `in` into `out` (contiguous; `in` may be `out`) after the caller's
+  // current stream, and returns its Work.
+  c10::intrusive_ptr<c10d::Work> ordered_allreduce(const char* op, uint64_t seq, const at::Tensor& in,
+                                                   const at::Tensor& out, DType t, RedOp red,
+                                                   std::chrono::milliseconds timeout);
+
   // "cuda_ipc" or "staged" once the first CUDA op set the transport up, "" before.
   std::string transport_name() const;
   // Aborts the device transport's group too (it has a control plane of its own).
@@ -59,6 +79,10 @@ class CudaSide {
   std::vector<std::string> linked_segments() const;
 
  private:
+  // The group's stream on `device` (its first CUDA op fixes the device and sets the transport
+  // up); throws for another device.
+  c10::cuda::CUDAStream comm_stream(const char* op, const c10::Device& device);
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

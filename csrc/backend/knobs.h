@@ -64,6 +64,8 @@ struct Knob {
     "payload of one message between GPUs (a multiple of 4096, 4K to 1G)")                            \
   X(cuda_transport, "RINGREDUCE_CUDA_TRANSPORT", Choice, "auto",                                      \
     "how CUDA tensors travel: auto, ipc or staged")                                                  \
+  X(cuda_window_bytes, "RINGREDUCE_CUDA_WINDOW_BYTES", Bytes, "64M",                                  \
+    "staging slot of the stream-ordered CUDA all-reduce (two per rank); 0 turns that path off")      \
   X(algo, "RINGREDUCE_ALGO", Choice, "auto",                                                          \
     "auto (by size and layout), ring, oneshot, twoshot or hierarchical")                             \
   X(window_bytes, "RINGREDUCE_WINDOW_BYTES", Bytes, "1M",                                             \

@@ -102,7 +102,14 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     algo_->window_writes().configure(config_.stream, config_.stream_bytes, rank);
 #ifdef RINGREDUCE_WITH_CUDA
     // Nothing is set up on a device until the group's first CUDA op.
-    cuda_ = std::make_unique<CudaSide>(store, prefix, rank, size, config_, links_->transport());
+    cuda_ = std::make_unique<CudaSide>(store, prefix, rank, size, config_, links_->transport(),
+                                       [this](uint64_t seq, const std::string& error) {
+                                         flight_->finished(seq, error);
+                                         if (!error.empty()) {
+                                           if (log::enabled(log::Level::Warn)) log::write(log::Level::Warn, rank_, error);
+                                           dump_on_failure(error);
+                                         }
+                                       });
 #endif
     // Sends and receives get transports of their own, routed as the collectives' are (segments
     // set up now, while every rank is here; pages are only touched by the pairs that use them).

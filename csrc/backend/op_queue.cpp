@@ -263,6 +263,23 @@ bool OpQueue::busy() const {
   return st_->running || !st_->tasks.empty();
 }
 
+void OpQueue::finish_queued() {
+  for (;;) {
+    QueueState::Task task;
+    {
+      std::unique_lock<std::mutex> lock(st_->mu);
+      ++st_->idle_waiters;
+      st_->cv.wait(lock, [&] { return !st_->running; });
+      --st_->idle_waiters;
+      if (st_->tasks.empty()) return;
+      task = std::move(st_->tasks.front());
+      st_->tasks.pop_front();
+      st_->running = true;
+    }
+    run_and_complete(*st_, task.work, task.body);
+  }
+}
+
 void OpQueue::drain() {
   {
     std::lock_guard<std::mutex> lock(st_->mu);

@@ -115,6 +115,9 @@ class OpQueue {
 
   // An op is running or queued.
   bool busy() const;
+  // Runs the queued ops on the calling thread (as a wait() would), after the running one: on
+  // return, every op queued before the call has ended.
+  void finish_queued();
 
   // Stops taking ops, lets the queued ones run (each keeps its own deadline) and joins the thread.
   // Idempotent. On the progress thread itself (from a callback) the queued ops fail instead.

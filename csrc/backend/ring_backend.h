@@ -170,6 +170,10 @@ class RingBackend final : public c10d::Backend {
   // checked (tensor_checks.h), with the dtype and reduction the checks returned, and checks
   // nothing again.
   Body allreduce_body(const at::Tensor& t, DType d, const Reduction& red);
+#ifdef RINGREDUCE_WITH_CUDA
+  c10::intrusive_ptr<c10d::Work> ordered_allreduce(const at::Tensor& t, DType d, const Reduction& red,
+                                                   std::chrono::milliseconds timeout);
+#endif
   Body reduce_scatter_body(const at::Tensor& output, const at::Tensor& input, DType d,
                            const Reduction& red);
   Body allgather_body(const at::Tensor& output, const at::Tensor& input);

@@ -305,6 +305,68 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// dst[i] = ((in[0][i] op in[1][i]) op in[2][i]) ... in input order, each step rounded to the
+// stored type as a chain of reduce_kernel calls would round it, so that the result has the bits a
+// ring or the CPU kernels give for the same order. Laid out as reduce_kernel. When `abort` is set
+// and reads nonzero at the start, nothing is written: a group aborted while the kernel was queued
+// (a peer died before its input was there) leaves the caller's output as it was.
+constexpr int kMaxInputs = 8;
+template <class S>
+struct Inputs {
+  const S* p[kMaxInputs];
+};
+template <class K, class Op, bool Wide16>
+__global__ void __launch_bounds__(kThreads)
+    reduce_inputs_kernel(typename K::Store* dst, Inputs<typename K::Store> in, int nin, size_t head,
+                         size_t nvec, size_t tail, const volatile uint32_t* abort) {
+  using S = typename K::Store;
+  constexpr int V = Wide16 ? int(16 / sizeof(S)) : 1;
+  using P = Pack<S, V, Wide16>;
+  if (abort) {
+    __shared__ uint32_t aborted;
+    if (threadIdx.x == 0) aborted = *abort;
+    __syncthreads();
+    if (aborted) return;
+  }
+  const size_t tid = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  S* const d = dst + head;
+  for (size_t i = tid; i < nvec; i += kUnroll * stride) {
+    P acc[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const size_t j = i + u * stride;
+      if (j < nvec) acc[u] = load_pack<S, V, Wide16>(in.p[0] + head + j * V);
+    }
+    for (int r = 1; r < nin; ++r) {
+      P x[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const size_t j = i + u * stride;
+        if (j < nvec) x[u] = load_pack<S, V, Wide16>(in.p[r] + head + j * V);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+        for (int k = 0; k < V; ++k) acc[u].e[k] = reduce_elem<K, Op>(acc[u].e[k], x[u].e[k]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const size_t j = i + u * stride;
+      if (j < nvec) store_pack<S, V, Wide16>(d + j * V, acc[u]);
+    }
+  }
+  size_t j = size_t(-1);
+  if (tid < head) j = tid;
+  else if (tid < head + tail) j = head + nvec * V + (tid - head);
+  if (j != size_t(-1)) {
+    S a = in.p[0][j];
+    for (int r = 1; r < nin; ++r) a = reduce_elem<K, Op>(a, in.p[r][j]);
+    dst[j] = a;
+  }
+}
+
 // dst[i] = f(src[i]), laid out as reduce_kernel. dst may be src.
 template <class K, class F, bool Wide16>
 __global__ void __launch_bounds__(kThreads)
@@ -416,6 +478,29 @@ void launch_reduce(void* dst, const void* a, const void* b, size_t n, cudaStream
   }
 }
 
+template <class K, class Op>
+void launch_reduce_inputs(void* dst, const void* const* in, int nin, size_t n,
+                          const volatile uint32_t* abort, cudaStream_t s) {
+  using S = typename K::Store;
+  Inputs<S> ins{};
+  for (int r = 0; r < nin; ++r) ins.p[r] = static_cast<const S*>(in[r]);
+  auto* d = static_cast<S*>(dst);
+  // split() compares every pointer's offset modulo 16 with the first's.
+  Split sp = split(n, sizeof(S), {dst, in[0]});
+  for (int r = 1; r < nin && sp.wide; ++r) {
+    if (!split(n, sizeof(S), {dst, in[r]}).wide) sp = {false, 0, n, 0};
+  }
+  if (sp.wide) {
+    const auto kernel = reduce_inputs_kernel<K, Op, true>;
+    kernel<<<grid_for(reinterpret_cast<const void*>(kernel), sp.nvec), kThreads, 0, s>>>(
+        d, ins, nin, sp.head, sp.nvec, sp.tail, abort);
+  } else {
+    const auto kernel = reduce_inputs_kernel<K, Op, false>;
+    kernel<<<grid_for(reinterpret_cast<const void*>(kernel), n), kThreads, 0, s>>>(d, ins, nin, 0, n,
+                                                                                   0, abort);
+  }
+}
+
 template <class K, class F>
 void launch_map(void* dst, const void* src, size_t n, cudaStream_t s, F f) {
   using S = typename K::Store;
@@ -501,6 +586,40 @@ void reduce(void* dst, const void* a, const void* b, size_t n, DType t, RedOp op
   const cudaError_t err = cudaGetLastError();
   RR_CHECK(err == cudaSuccess, "ringreduce cuda reduce (", redop_name(op), ", ", dtype_name(t),
            ", ", n, " elements): kernel launch failed: ", cudaGetErrorString(err));
+}
+
+void reduce_inputs(void* dst, const void* const* in, int nin, size_t n, DType t, RedOp op,
+                   const volatile uint32_t* abort, Stream s) {
+  if (const char* why = unsupported_reason(t, op)) {
+    throw Error(detail::cat("ringreduce cuda reduce_inputs: ", redop_name(op), " is not supported on ",
+                            dtype_name(t), ": ", why));
+  }
+  RR_CHECK(nin >= 1 && nin <= kMaxInputs, "ringreduce cuda reduce_inputs: ", nin,
+           " inputs (1 to ", kMaxInputs, ")");
+  if (n == 0) return;
+  const size_t es = dtype_size(t);
+  RR_CHECK(dst, "ringreduce cuda reduce_inputs: null output for ", n, " elements");
+  check_buffer("reduce_inputs", dst, es, t);
+  for (int r = 0; r < nin; ++r) {
+    RR_CHECK(in[r], "ringreduce cuda reduce_inputs: input ", r, " is null");
+    check_buffer("reduce_inputs", in[r], es, t);
+    check_no_partial_overlap("reduce_inputs", dst, in[r], n * es, t);
+  }
+  with_kind(t, "reduce_inputs", [&](auto kind) {
+    using K = decltype(kind);
+    with_op(op, [&](auto op_tag) {
+      using Op = decltype(op_tag);
+      if constexpr (supported<K, Op>()) {
+        launch_reduce_inputs<K, Op>(dst, in, nin, n, abort, s);
+      } else {
+        throw Error(detail::cat("ringreduce cuda reduce_inputs: internal error: no kernel for ",
+                                redop_name(op), " on ", dtype_name(t)));
+      }
+    });
+  });
+  const cudaError_t err = cudaGetLastError();
+  RR_CHECK(err == cudaSuccess, "ringreduce cuda reduce_inputs (", redop_name(op), ", ", dtype_name(t),
+           ", ", n, " elements, ", nin, " inputs): kernel launch failed: ", cudaGetErrorString(err));
 }
 
 void divide(void* dst, const void* src, size_t n, DType t, int64_t divisor, Stream s) {

@@ -22,6 +22,12 @@ using Stream = CUstream_st*;
 
 // dst[i] = a[i] op b[i] for i in [0, n), queued on `s`. dst may be a or b exactly.
 void reduce(void* dst, const void* a, const void* b, size_t n, DType t, RedOp op, Stream s);
+// dst[i] = ((in[0][i] op in[1][i]) op in[2][i]) ... over `nin` inputs (1 to 8) in that order,
+// each step rounded as reduce() rounds it, queued on `s`. dst may be one of the inputs exactly.
+// `abort` (device-readable, or null): when it reads nonzero as the kernel starts, dst is left
+// untouched (see transport/cuda_ipc/device_window.h).
+void reduce_inputs(void* dst, const void* const* in, int nin, size_t n, DType t, RedOp op,
+                   const volatile uint32_t* abort, Stream s);
 // dst[i] = src[i] / divisor, queued on `s` (bool rejected). dst may be src.
 void divide(void* dst, const void* src, size_t n, DType t, int64_t divisor, Stream s);
 // Device-to-device copy of `bytes`, queued on `s`.

@@ -1,0 +1,224 @@
+#include "backend/cuda_ordered.h"
+
+#include <ATen/cuda/CUDAEvent.h>
+#include <ATen/core/ivalue.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/util/Exception.h>
+#include <cuda_runtime_api.h>
+
+#include "common/error.h"
+#include "common/log.h"
+
+namespace ringreduce {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// Shared by an op's Work and the watchdog: the op's end and, if it failed, why.
+struct OpEnd {
+  at::cuda::CUDAEvent done{cudaEventDisableTiming};
+  std::mutex mu;
+  std::string error;  // set once, by the watchdog
+
+  std::string failed() {
+    std::lock_guard<std::mutex> lock(mu);
+    return error;
+  }
+  void fail(const std::string& why) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (error.empty()) error = why;
+  }
+};
+
+class OrderedWork final : public c10d::Work {
+ public:
+  OrderedWork(int rank, const char* name, uint64_t seq, std::vector<at::Tensor> outputs,
+              std::shared_ptr<OpEnd> end, c10::cuda::CUDAStream comm)
+      : c10d::Work(rank, c10d::OpType::ALLREDUCE), seq_(seq), outputs_(std::move(outputs)),
+        end_(std::move(end)) {
+    (void)name;
+    // Completed now, on the op's stream: a wait on the future orders the waiter's streams after
+    // the op, as NCCL's does.
+    future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                       std::vector<c10::Device>{comm.device()});
+    c10::cuda::CUDAStreamGuard guard(comm);
+    future_->markCompleted(c10::IValue(outputs_));
+  }
+
+  bool isCompleted() override { return !end_->failed().empty() || end_->done.query(); }
+  bool isSuccess() const override { return end_->failed().empty(); }
+  std::exception_ptr exception() const override {
+    const std::string why = end_->failed();
+    if (why.empty()) return nullptr;
+    try {
+      C10_THROW_ERROR(DistBackendError, why);
+    } catch (...) {
+      return std::current_exception();
+    }
+  }
+  bool wait(std::chrono::milliseconds) override {
+    raise_if_failed();
+    synchronize();
+    return true;
+  }
+  void synchronize() override {
+    end_->done.block(c10::cuda::getCurrentCUDAStream(end_->done.device_index()));
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  std::vector<at::Tensor> result() override { return outputs_; }
+  uint64_t getSequencenumber() const override { return seq_; }
+
+ private:
+  void raise_if_failed() {
+    const std::string why = end_->failed();
+    if (!why.empty()) C10_THROW_ERROR(DistBackendError, why);
+  }
+
+  uint64_t seq_;
+  std::vector<at::Tensor> outputs_;
+  std::shared_ptr<OpEnd> end_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+}  // namespace
+
+struct CudaOrdered::Pending {
+  const char* name;
+  uint64_t seq;
+  int rank;
+  std::chrono::milliseconds timeout;
+  Clock::time_point deadline;
+  std::shared_ptr<OpEnd> end;
+};
+
+CudaOrdered::CudaOrdered(std::unique_ptr<DeviceWindow> window, Transport& host,
+                         std::function<void(uint64_t, const std::string&)> finished)
+    : window_(std::move(window)), oneshot_(*window_), host_(host), finished_(std::move(finished)) {
+  watchdog_ = std::thread([this] { watch(); });
+}
+
+CudaOrdered::~CudaOrdered() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  watchdog_.join();
+}
+
+bool CudaOrdered::takes_allreduce(RedOp, int64_t divisor) const {
+  return window_->size() <= DeviceOneShot::kMaxRanks && divisor <= 1;
+}
+
+c10::intrusive_ptr<c10d::Work> CudaOrdered::allreduce(const char* name, uint64_t seq, int rank,
+                                                      const at::Tensor& in, const at::Tensor& out,
+                                                      DType t, RedOp op,
+                                                      std::chrono::milliseconds timeout,
+                                                      c10::cuda::CUDAStream comm,
+                                                      c10::cuda::CUDAStream caller) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!aborted_.empty()) {
+      C10_THROW_ERROR(DistBackendError,
+                      detail::cat(op_prefix(name, seq, rank), "the group was aborted: ", aborted_));
+    }
+  }
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(caller.stream(), &capture) == cudaSuccess &&
+      capture != cudaStreamCaptureStatusNone) {
+    C10_THROW_ERROR(DistBackendError,
+                    detail::cat(op_prefix(name, seq, rank),
+                                "cannot be captured in a CUDA graph: its ranks order each op through ",
+                                "counters that a replay would repeat (docs/cuda.md)"));
+  }
+  auto end = std::make_shared<OpEnd>();
+  {
+    c10::cuda::CUDAStreamGuard on_comm(comm);
+    at::cuda::CUDAEvent ready(cudaEventDisableTiming);
+    ready.record(caller);
+    ready.block(comm);
+    // The caching allocator must not hand these out while the op's stream may still use them.
+    in.record_stream(comm);
+    out.record_stream(comm);
+    std::lock_guard<std::mutex> lock(mu_);  // one queueing at a time: ops keep their order
+    oneshot_.allreduce(in.data_ptr(), out.data_ptr(), static_cast<size_t>(out.numel()), t, op, 1,
+                       comm.stream());
+    end->done.record(comm);
+    auto p = std::make_shared<Pending>();
+    p->name = name;
+    p->seq = seq;
+    p->rank = rank;
+    p->timeout = timeout;
+    p->deadline = Clock::now() + timeout;
+    p->end = end;
+    pending_.push_back(std::move(p));
+  }
+  cv_.notify_all();
+  return c10::make_intrusive<OrderedWork>(rank, name, seq, std::vector<at::Tensor>{out}, end, comm);
+}
+
+std::string CudaOrdered::abort_reason() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return aborted_;
+}
+
+void CudaOrdered::abort(const std::string& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  fail_all(why);
+}
+
+void CudaOrdered::fail_all(const std::string& why) {
+  if (aborted_.empty()) {
+    aborted_ = why;
+    try {
+      window_->abort(oneshot_.last_seq());
+    } catch (const std::exception& e) {
+      log::note(window_->rank(), detail::cat("could not release the device's queued waits: ", e.what()));
+    }
+  }
+  for (auto& p : pending_) {
+    const std::string msg = detail::cat(op_prefix(p->name, p->seq, p->rank), why);
+    p->end->fail(msg);
+    finished_(p->seq, msg);
+  }
+  pending_.clear();
+}
+
+void CudaOrdered::watch() {
+  std::unique_lock<std::mutex> lock(mu_);
+  Clock::time_point next_liveness = Clock::now();
+  for (;;) {
+    cv_.wait(lock, [&] { return stopping_ || !pending_.empty(); });
+    if (pending_.empty()) return;  // stopping, nothing in flight
+    // The oldest op first: ops end in order on the one stream.
+    while (!pending_.empty() && pending_.front()->end->done.query()) {
+      finished_(pending_.front()->seq, "");
+      pending_.pop_front();
+    }
+    if (pending_.empty()) continue;
+    const Pending& p = *pending_.front();
+    std::string why = host_.abort_reason();
+    if (why.empty() && Clock::now() >= next_liveness) {
+      next_liveness = Clock::now() + std::chrono::milliseconds(100);
+      for (int r = 0; r < window_->size() && why.empty(); ++r) {
+        if (r == window_->rank()) continue;
+        const std::string lost = host_.peer_lost(r);
+        if (!lost.empty()) why = detail::cat("rank ", r, " is gone (", lost, ")");
+      }
+    }
+    if (why.empty() && Clock::now() >= p.deadline) {
+      why = detail::cat("did not end on the device within ", p.timeout.count(),
+                        " ms: a peer has not queued its part of it (or of an earlier stream-ordered op)");
+    }
+    if (!why.empty()) {
+      host_.abort_group(detail::cat("rank ", p.rank, ": ", p.name, " #", p.seq, ": ", why));
+      fail_all(why);
+      continue;
+    }
+    if (stopping_ && pending_.empty()) return;
+    cv_.wait_for(lock, std::chrono::milliseconds(1));
+  }
+}
+
+}  // namespace ringreduce

@@ -1,0 +1,80 @@
+// Stream-ordered CUDA ops: queued on the group's stream at the call, on the caller's thread, and
+// ordered between the ranks by the GPU (algo/device_oneshot.h over a DeviceWindow). No host
+// thread waits for a peer, so an op costs its caller the time to queue it.
+//
+// As with NCCL: the op's stream first waits for an event on the caller's current stream;
+// Work::wait() and synchronize() make the caller's current stream wait for the op's end and return
+// at once; isCompleted() asks the op's end event; the future completes on the op's stream.
+//
+// A watchdog thread, running only while ops are in flight, looks at each op's end event every
+// millisecond. An op that does not end by its deadline, a peer process that dies, or an abort of
+// the group's host side makes it abort the window: its waits are released on the device, the
+// kernels behind them write nothing (the callers' tensors stay as they were), the group's host side
+// is aborted too (the peers learn it), and every op in flight fails with a message that names the
+// op, the rank and the cause.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "algo/device_oneshot.h"
+#include "transport/cuda_ipc/device_window.h"
+#include "transport/transport.h"
+
+namespace ringreduce {
+
+class CudaOrdered {
+ public:
+  // `host`: the group's host transport (abort and peer liveness); `finished(seq, error)` is
+  // called once per op when it ends ("" on success), from the watchdog thread.
+  CudaOrdered(std::unique_ptr<DeviceWindow> window, Transport& host,
+              std::function<void(uint64_t, const std::string&)> finished);
+  ~CudaOrdered();
+
+  // Whether an all-reduce of `count` elements of `t` with `op` and `divisor` takes this path: the
+  // same answer on every rank for the same call (it depends on nothing but the call and the
+  // group). Groups of more ranks than one kernel reduces, and averages (whose division would run
+  // after an abort's released waits), take the ring.
+  bool takes_allreduce(RedOp op, int64_t divisor) const;
+
+  // Queues the all-reduce of `in` into `out` (both contiguous, on the group's device; `in` may be
+  // `out`) on `comm` after `caller`'s work, and returns its Work. `outputs`: what result() gives.
+  c10::intrusive_ptr<c10d::Work> allreduce(const char* name, uint64_t seq, int rank,
+                                           const at::Tensor& in, const at::Tensor& out, DType t,
+                                           RedOp op, std::chrono::milliseconds timeout,
+                                           c10::cuda::CUDAStream comm, c10::cuda::CUDAStream caller);
+
+  // Why the window was aborted, or "" (then later ops fail at their call).
+  std::string abort_reason() const;
+  // Aborts from outside (the group's abort): as the watchdog does, with `why`.
+  void abort(const std::string& why);
+
+ private:
+  struct Pending;
+  void watch();
+  void fail_all(const std::string& why);  // under mu_
+
+  std::unique_ptr<DeviceWindow> window_;
+  DeviceOneShot oneshot_;
+  Transport& host_;
+  std::function<void(uint64_t, const std::string&)> finished_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Pending>> pending_;
+  std::string aborted_;
+  bool stopping_ = false;
+  std::thread watchdog_;
+};
+
+}  // namespace ringreduce
