@@ -3,7 +3,8 @@
 # ninja, and no network: builds ringreduce against that torch, runs the GPU probe
 # (scripts/gpu_probe: how ranks on one GPU can order their work), the C++ CUDA kernel test, the
 # GPU tests and the GPU benchmark, and writes logs and result tables to the folder named by its
-# argument (created if missing).
+# argument (created if missing): at most 8 files (build.log with the host's versions first,
+# probe.txt, tests.log with the C++ test's output first, the benchmark's tables and JSON, mps.txt).
 #
 #   scripts/gpu_check.sh OUT_DIR [quick]
 #
@@ -26,7 +27,7 @@ status=0
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
   nvcc --version | tail -1
-} > "$out/env.txt" 2>&1
+} > "$out/build.log" 2>&1
 
 # The image's default compiler may link libstdc++ statically (one such image sets CXX to an
 # /opt/gcc build that does); an extension with its own copy of libstdc++ beside torch's shared
@@ -36,7 +37,7 @@ if [ -z "${RINGREDUCE_KEEP_CXX:-}" ] && [ -x /usr/bin/g++ ]; then
   export CC=/usr/bin/gcc CXX=/usr/bin/g++ LDSHARED="/usr/bin/g++ -shared"
 fi
 
-echo "== build" | tee "$out/build.log"
+echo "== build" | tee -a "$out/build.log"
 if ! MAX_JOBS="${MAX_JOBS:-16}" "$py" -m pip install --no-build-isolation --no-deps -e . >> "$out/build.log" 2>&1; then
   tail -40 "$out/build.log"
   echo "gpu_check: the build failed (log: $out/build.log)"
@@ -63,20 +64,20 @@ fi
 echo "== C++ CUDA kernel test"
 if [ -z "${SKIP_CPP:-}" ] && command -v cmake > /dev/null; then
   if cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DRINGREDUCE_CUDA=ON \
-       -DCMAKE_CUDA_ARCHITECTURES=90 > "$out/cpp.log" 2>&1 &&
-     cmake --build build/gpu -j 16 --target test_reduce_cuda >> "$out/cpp.log" 2>&1; then
-    build/gpu/test_reduce_cuda >> "$out/cpp.log" 2>&1 || status=1
+       -DCMAKE_CUDA_ARCHITECTURES=90 > "$out/tests.log" 2>&1 &&
+     cmake --build build/gpu -j 16 --target test_reduce_cuda >> "$out/tests.log" 2>&1; then
+    build/gpu/test_reduce_cuda >> "$out/tests.log" 2>&1 || status=1
   else
     status=1
   fi
-  tail -5 "$out/cpp.log"
+  tail -5 "$out/tests.log"
 else
-  echo "skipped (SKIP_CPP set, or no cmake)" | tee "$out/cpp.log"
+  echo "skipped (SKIP_CPP set, or no cmake)" | tee "$out/tests.log"
 fi
 
 echo "== GPU tests"
 # shellcheck disable=SC2086
-timeout "${TEST_TIMEOUT:-420}" "$py" -m pytest -q -rs ${TESTS:-tests/test_cuda.py tests/test_cuda_ordered.py} 2>&1 | tee "$out/tests.log" | tail -30
+timeout "${TEST_TIMEOUT:-420}" "$py" -m pytest -q -rs ${TESTS:-tests/test_cuda.py tests/test_cuda_ordered.py} 2>&1 | tee -a "$out/tests.log" | tail -30
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 if [ "$mode" != quick ]; then

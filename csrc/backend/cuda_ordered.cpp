@@ -1,10 +1,13 @@
 #include "backend/cuda_ordered.h"
 
-#include <ATen/cuda/CUDAEvent.h>
 #include <ATen/core/ivalue.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/util/Exception.h>
 #include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <vector>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -13,41 +16,75 @@ namespace ringreduce {
 
 using Clock = std::chrono::steady_clock;
 
+// cudaEvent_t's, reused: creating one per op costs about as much as queueing the op. Shared by
+// the ops' ends, which may outlive the group (a Work kept by the caller).
+class EventPool {
+ public:
+  ~EventPool() {
+    for (cudaEvent_t e : free_) cudaEventDestroy(e);
+  }
+  cudaEvent_t get() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!free_.empty()) {
+        cudaEvent_t e = free_.back();
+        free_.pop_back();
+        return e;
+      }
+    }
+    cudaEvent_t e = nullptr;
+    C10_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+  }
+  void put(cudaEvent_t e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.push_back(e);
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<cudaEvent_t> free_;
+};
+
 namespace {
 
 // Shared by an op's Work and the watchdog: the op's end and, if it failed, why.
 struct OpEnd {
-  at::cuda::CUDAEvent done{cudaEventDisableTiming};
-  std::mutex mu;
-  std::string error;  // set once, by the watchdog
+  OpEnd(std::shared_ptr<EventPool> p, c10::DeviceIndex d) : pool(std::move(p)), device(d), done(pool->get()) {}
+  ~OpEnd() { pool->put(done); }
+  OpEnd(const OpEnd&) = delete;
+  OpEnd& operator=(const OpEnd&) = delete;
 
+  bool ended() const { return cudaEventQuery(done) == cudaSuccess; }
+  bool has_failed() const { return failed_flag.load(std::memory_order_acquire); }
   std::string failed() {
+    if (!has_failed()) return "";
     std::lock_guard<std::mutex> lock(mu);
     return error;
   }
   void fail(const std::string& why) {
     std::lock_guard<std::mutex> lock(mu);
     if (error.empty()) error = why;
+    failed_flag.store(true, std::memory_order_release);
   }
+
+  std::shared_ptr<EventPool> pool;
+  c10::DeviceIndex device;
+  cudaEvent_t done;
+  std::mutex mu;
+  std::string error;  // set once, by the watchdog
+  std::atomic<bool> failed_flag{false};
 };
 
 class OrderedWork final : public c10d::Work {
  public:
-  OrderedWork(int rank, const char* name, uint64_t seq, std::vector<at::Tensor> outputs,
-              std::shared_ptr<OpEnd> end, c10::cuda::CUDAStream comm)
+  OrderedWork(int rank, uint64_t seq, std::vector<at::Tensor> outputs, std::shared_ptr<OpEnd> end,
+              c10::cuda::CUDAStream comm)
       : c10d::Work(rank, c10d::OpType::ALLREDUCE), seq_(seq), outputs_(std::move(outputs)),
-        end_(std::move(end)) {
-    (void)name;
-    // Completed now, on the op's stream: a wait on the future orders the waiter's streams after
-    // the op, as NCCL's does.
-    future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
-                                                       std::vector<c10::Device>{comm.device()});
-    c10::cuda::CUDAStreamGuard guard(comm);
-    future_->markCompleted(c10::IValue(outputs_));
-  }
+        end_(std::move(end)), comm_(comm) {}
 
-  bool isCompleted() override { return !end_->failed().empty() || end_->done.query(); }
-  bool isSuccess() const override { return end_->failed().empty(); }
+  bool isCompleted() override { return end_->has_failed() || end_->ended(); }
+  bool isSuccess() const override { return !end_->has_failed(); }
   std::exception_ptr exception() const override {
     const std::string why = end_->failed();
     if (why.empty()) return nullptr;
@@ -63,9 +100,20 @@ class OrderedWork final : public c10d::Work {
     return true;
   }
   void synchronize() override {
-    end_->done.block(c10::cuda::getCurrentCUDAStream(end_->done.device_index()));
+    C10_CUDA_CHECK(cudaStreamWaitEvent(c10::cuda::getCurrentCUDAStream(end_->device).stream(), end_->done, 0));
   }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  // Made at the first ask (most callers never ask), completed on the op's stream: a wait on it
+  // orders the waiter's streams after the op (and whatever the group queued since), as NCCL's.
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    std::lock_guard<std::mutex> lock(future_mu_);
+    if (!future_) {
+      future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                         std::vector<c10::Device>{comm_.device()});
+      c10::cuda::CUDAStreamGuard guard(comm_);
+      future_->markCompleted(c10::IValue(outputs_));
+    }
+    return future_;
+  }
   std::vector<at::Tensor> result() override { return outputs_; }
   uint64_t getSequencenumber() const override { return seq_; }
 
@@ -78,6 +126,8 @@ class OrderedWork final : public c10d::Work {
   uint64_t seq_;
   std::vector<at::Tensor> outputs_;
   std::shared_ptr<OpEnd> end_;
+  c10::cuda::CUDAStream comm_;
+  std::mutex future_mu_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
@@ -94,7 +144,9 @@ struct CudaOrdered::Pending {
 
 CudaOrdered::CudaOrdered(std::unique_ptr<DeviceWindow> window, Transport& host,
                          std::function<void(uint64_t, const std::string&)> finished)
-    : window_(std::move(window)), oneshot_(*window_), host_(host), finished_(std::move(finished)) {
+    : window_(std::move(window)), events_(std::make_shared<EventPool>()), oneshot_(*window_), host_(host),
+      finished_(std::move(finished)) {
+  C10_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
   watchdog_ = std::thread([this] { watch(); });
 }
 
@@ -105,6 +157,7 @@ CudaOrdered::~CudaOrdered() {
   }
   cv_.notify_all();
   watchdog_.join();
+  cudaEventDestroy(ready_);
 }
 
 bool CudaOrdered::takes_allreduce(RedOp, int64_t divisor) const {
@@ -132,19 +185,20 @@ c10::intrusive_ptr<c10d::Work> CudaOrdered::allreduce(const char* name, uint64_t
                                 "cannot be captured in a CUDA graph: its ranks order each op through ",
                                 "counters that a replay would repeat (docs/cuda.md)"));
   }
-  auto end = std::make_shared<OpEnd>();
+  auto end = std::make_shared<OpEnd>(events_, comm.device_index());
+  bool wake;
   {
-    c10::cuda::CUDAStreamGuard on_comm(comm);
-    at::cuda::CUDAEvent ready(cudaEventDisableTiming);
-    ready.record(caller);
-    ready.block(comm);
     // The caching allocator must not hand these out while the op's stream may still use them.
     in.record_stream(comm);
-    out.record_stream(comm);
+    if (!out.is_same(in)) out.record_stream(comm);
     std::lock_guard<std::mutex> lock(mu_);  // one queueing at a time: ops keep their order
+    // The op starts after what the caller's stream has queued (its input's producers). One event
+    // serves every op: a stream wait takes the event as it is when the wait is queued.
+    C10_CUDA_CHECK(cudaEventRecord(ready_, caller.stream()));
+    C10_CUDA_CHECK(cudaStreamWaitEvent(comm.stream(), ready_, 0));
     oneshot_.allreduce(in.data_ptr(), out.data_ptr(), static_cast<size_t>(out.numel()), t, op, 1,
                        comm.stream());
-    end->done.record(comm);
+    C10_CUDA_CHECK(cudaEventRecord(end->done, comm.stream()));
     auto p = std::make_shared<Pending>();
     p->name = name;
     p->seq = seq;
@@ -152,10 +206,12 @@ c10::intrusive_ptr<c10d::Work> CudaOrdered::allreduce(const char* name, uint64_t
     p->timeout = timeout;
     p->deadline = Clock::now() + timeout;
     p->end = end;
+    // The watchdog sleeps without a timeout only when nothing is in flight: wake it then alone.
+    wake = pending_.empty();
     pending_.push_back(std::move(p));
   }
-  cv_.notify_all();
-  return c10::make_intrusive<OrderedWork>(rank, name, seq, std::vector<at::Tensor>{out}, end, comm);
+  if (wake) cv_.notify_all();
+  return c10::make_intrusive<OrderedWork>(rank, seq, std::vector<at::Tensor>{out}, end, comm);
 }
 
 std::string CudaOrdered::abort_reason() const {
@@ -192,7 +248,7 @@ void CudaOrdered::watch() {
     cv_.wait(lock, [&] { return stopping_ || !pending_.empty(); });
     if (pending_.empty()) return;  // stopping, nothing in flight
     // The oldest op first: ops end in order on the one stream.
-    while (!pending_.empty() && pending_.front()->end->done.query()) {
+    while (!pending_.empty() && pending_.front()->end->ended()) {
       finished_(pending_.front()->seq, "");
       pending_.pop_front();
     }

@@ -31,7 +31,11 @@
 #include "transport/cuda_ipc/device_window.h"
 #include "transport/transport.h"
 
+struct CUevent_st;
+
 namespace ringreduce {
+
+class EventPool;
 
 class CudaOrdered {
  public:
@@ -65,6 +69,8 @@ class CudaOrdered {
   void fail_all(const std::string& why);  // under mu_
 
   std::unique_ptr<DeviceWindow> window_;
+  std::shared_ptr<EventPool> events_;
+  CUevent_st* ready_ = nullptr;  // cudaEvent_t: the caller's stream, recorded for each op
   DeviceOneShot oneshot_;
   Transport& host_;
   std::function<void(uint64_t, const std::string&)> finished_;

@@ -176,7 +176,6 @@ c10::intrusive_ptr<c10d::Work> CudaSide::ordered_allreduce(const char* op, uint6
 
 std::function<void(const OpContext&, const Deadline&)> CudaSide::prepare(
     const char* op, const c10::Device& device, const std::vector<at::Tensor>& used, RingBody body) {
-  Impl& m = *impl_;
   c10::cuda::CUDAStream comm = comm_stream(op, device);
   c10::cuda::CUDAGuard guard(device);
   // The caller's stream has queued the work that produces the inputs: the op starts after it.
