@@ -38,6 +38,8 @@ import json
 import math
 import os
 import re
+
+from .sizes import format_size, size_arg
 import sys
 from dataclasses import asdict, dataclass, field
 
@@ -242,28 +244,11 @@ def fit(measured, cores: int = 0, source: str = "") -> Params:
 # ------------------------------------------------------------------------------------------------
 # the command line
 
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMG]?)(?:i?B)?\s*$", re.IGNORECASE)
-
-
-def parse_size(text: str) -> int:
-    m = _SIZE_RE.match(text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"cannot parse size {text!r} (e.g. 1K, 64M, 1G)")
-    return int(m.group(1)) << {"": 0, "k": 10, "m": 20, "g": 30}[m.group(2).lower()]
-
-
 def parse_layout(text: str) -> tuple[int, int]:
     m = re.match(r"^\s*(\d+)\s*x\s*(\d+)\s*$", text)
     if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
         raise argparse.ArgumentTypeError(f"cannot parse layout {text!r} (hosts x ranks per host, e.g. 2x4)")
     return int(m.group(1)), int(m.group(2))
-
-
-def format_size(nbytes: int) -> str:
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
-            return f"{nbytes >> shift}{unit}"
-    return f"{nbytes}B"
 
 
 def format_time(secs: float) -> str:
@@ -325,7 +310,7 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--params", help=f"the fit to use (default: the one kept with the package, {PARAMS_FILE})")
     ap.add_argument("--layout", type=parse_layout, help="hosts x ranks per host, e.g. 2x4: each algorithm's time")
-    ap.add_argument("--size", type=parse_size, action="append",
+    ap.add_argument("--size", type=size_arg, action="append",
                     help="message size (repeatable; default 1K to 1G by 16x)")
     ap.add_argument("--hosts", default="1,8,128,1024",
                     help="the cluster table's host counts (default 1,8,128,1024)")

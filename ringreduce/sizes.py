@@ -1,5 +1,5 @@
 """Message sizes as people write them and as the tables print them: the one parser and the one
-formatter for this package and for the scripts in benchmarks/."""
+formatter for this package (the benchmark, the cost model) and for the scripts in benchmarks/."""
 
 from __future__ import annotations
 

@@ -168,35 +168,6 @@ def closing_lines(stdout):
 # --- the arithmetic --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "text, nbytes",
-    [
-        ("1", 1),
-        ("1024", 1024),
-        ("1K", 1024),
-        ("1k", 1024),
-        ("64M", 64 << 20),
-        ("2G", 2 << 30),
-        ("4KB", 4096),
-        ("4KiB", 4096),
-    ],
-)
-def test_parse_size(text, nbytes):
-    assert bench.parse_size(text) == nbytes
-
-
-@pytest.mark.parametrize("text", ["", "K", "1.5K", "-1K", "1X", "1 K B"])
-def test_parse_size_rejects(text):
-    with pytest.raises(ValueError, match="cannot parse size"):
-        bench.parse_size(text)
-
-
-def test_size_sweep():
-    assert bench.size_sweep(1024, 64 << 10, 4) == TINY_SIZES
-    assert bench.size_sweep(1024, 1024, 4) == [1024]
-    assert bench.size_sweep(1000, 5000, 2) == [1000, 2000, 4000]
-
-
 @pytest.mark.parametrize("world, factor", [(1, 1.0), (2, 1.0), (3, 4 / 3), (4, 1.5), (8, 1.75)])
 def test_allreduce_busbw_factor(world, factor):
     assert bench.allreduce_busbw_factor(world) == pytest.approx(factor)

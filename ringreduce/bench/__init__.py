@@ -62,6 +62,6 @@ from .collectives import (
 from .cuda import Gpu, measure_gpu, nccl_floor
 from .floor import copy_bytes, measure_copy_bandwidth
 from .report import Report
-from .sizes import format_size, parse_size, size_arg, size_sweep
+from ..sizes import format_size, parse_size, size_arg, size_sweep
 from .spread import Launch, SizeSpread, Spread
 from .timing import Result, SetResults, iterations, probe_support, safety_cost, time_collective

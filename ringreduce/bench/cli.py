@@ -20,7 +20,7 @@ from .collectives import COLLECTIVES, DTYPES, PROG, REDOPS
 from .cuda import measure_gpu, nccl_floor
 from .floor import copy_bytes, measure_copy_bandwidth
 from .report import Report
-from .sizes import size_arg, size_sweep
+from ..sizes import size_arg, size_sweep
 from .spread import Launch, Spread
 from .timing import (
     SAFETY_OFF,

@@ -75,7 +75,9 @@ def ringreduce_cuda_allreduce_bytes(nbytes: int, world: int) -> int:
     That is 2 + 3(n-2) + 5 + 4(n-2) + 2 = 7n-5 chunks per rank and (7n-5) * nbytes for all n ranks.
     Unlike the host ring's model, the slots count: this is the floor for these kernels as if nothing
     stayed in the GPU's L2, so slots that do stay there can let an op beat it. One rank, in place,
-    moves nothing.
+    moves nothing. The stream-ordered one-shot that CUDA all-reduces take by default moves more per
+    rank (its staging copy 2N, reading every rank's slot nN, writing N: (n+3)N), so this stays the
+    floor: the less of the two, for every n.
     """
     return (7 * world - 5) * nbytes if world > 1 else 0
 

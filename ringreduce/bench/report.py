@@ -20,7 +20,7 @@ from ringreduce import _launch
 from .collectives import PROG, SETS, Collective
 from .cuda import GPU_REPS, KERNEL_BYTES, Gpu
 from .floor import COPY_TRIALS, copy_bytes
-from .sizes import format_size
+from ..sizes import format_size
 from .timing import SAFETY_ROUNDS, Result, SetResults
 
 # The headline sizes of the CUDA summary (ranks sharing one GPU, world size 2): a large op against
@@ -170,8 +170,10 @@ class Report:
             # The model is linear in N: its bytes for N = 1 are the coefficient.
             k = self.floor_bytes(1, n)
             lines += [
-                f"Memory floor: {subject}'s {a.op} of N bytes moves {self.coll.cuda_floor_formula}/n bytes "
-                "per rank through the GPU's memory (reads + writes, the ring's slots included)",
+                f"Memory floor: {subject}'s {a.op} of N bytes by the ring's kernels moves "
+                f"{self.coll.cuda_floor_formula}/n bytes per rank through the GPU's memory (reads + writes, "
+                "the ring's slots included; the stream-ordered one-shot moves more, (n+3)*N, so this "
+                "floor is the stricter)",
                 f"  {n} rank(s) x {k}*N/{n} bytes each through one GPU's memory = {k}*N at {bw} => "
                 f"floor(us) = {k}*N / {bw}; %floor = floor / time({subject}, {native})",
             ]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from .collectives import SETS, Collective
 from .cuda import Gpu
 from .report import Report, comment
-from .sizes import format_size
+from ..sizes import format_size
 from .timing import Result, SetResults
 
 # The spread table's columns: (name, width).
