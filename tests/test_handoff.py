@@ -1,5 +1,5 @@
 """How large ops write what a peer reads next: plainly or with non-temporal stores
-(RINGREDUCE_STREAM, csrc/ring/handoff.h).
+(RINGREDUCE_STREAM, csrc/algo/handoff.h).
 
 - Streamed writes everywhere (RINGREDUCE_STREAM=stream, RINGREDUCE_STREAM_BYTES=0), with the ring
   and two-shot all-reduce forced in turn: every op against the float64 reference and gloo, and

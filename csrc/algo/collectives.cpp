@@ -18,17 +18,18 @@ MsgHeader window_fp(const OpContext& ctx, OpKind kind, size_t count, DType t, Re
   h.bytes = static_cast<uint64_t>(a);
   h.kind = static_cast<uint32_t>(kind);
   h.dtype = static_cast<uint8_t>(t);
-  h.redop = Ring::redop_code(op, divisor);
+  h.redop = Messages::redop_code(op, divisor);
   h.root = static_cast<int16_t>(root);
   return h;
 }
 
 }  // namespace
 
-Collectives::Collectives(Ring& ring, PeerWindow* window, const Selector& selector,
+Collectives::Collectives(Messages& messages, PeerWindow* window, const Selector& selector,
                          std::unique_ptr<Hierarchical> hierarchical)
-    : ring_(ring), w_(window), hier_(std::move(hierarchical)), sel_(selector), rank_(ring.rank()),
-      size_(ring.size()) {}
+    : msgs_(messages), ring_(messages), chain_(messages), star_(messages), pairwise_(messages),
+      w_(window), hier_(std::move(hierarchical)), sel_(selector), rank_(messages.rank()),
+      size_(messages.size()) {}
 
 Algo Collectives::algorithm(OpKind kind, size_t bytes) const {
   const Algo a = kind == OpKind::Allreduce ? sel_.allreduce(bytes) : sel_.other(kind, bytes);
@@ -48,7 +49,7 @@ void Collectives::allreduce(const void* in, void* out, size_t count, DType t, Re
   if (a == Algo::Hierarchical) {
     // The ring's fingerprint, with the algorithm in the root field (an all-reduce has no root):
     // ranks that chose differently fail as a desync.
-    MsgHeader fp = ring_.fingerprint(ctx, OpKind::Allreduce, count, t, Ring::redop_code(op, divisor), -1);
+    MsgHeader fp = msgs_.fingerprint(ctx, OpKind::Allreduce, count, t, Messages::redop_code(op, divisor), -1);
     fp.root = static_cast<int16_t>(-1 - static_cast<int>(Algo::Hierarchical));
     return hier_->allreduce(in, out, count, t, op, divisor, fp, ctx, dl);
   }
@@ -95,7 +96,7 @@ void Collectives::broadcast(void* buf, size_t count, DType t, int root, const Op
                             const Deadline& dl) {
   const Algo a = root >= 0 && root < size_ ? algorithm(OpKind::Broadcast, count * dtype_size(t))
                                            : Algo::Ring;
-  if (a == Algo::Ring) return ring_.broadcast(buf, count, t, root, ctx, dl);
+  if (a == Algo::Ring) return chain_.broadcast(buf, count, t, root, ctx, dl);
   const MsgHeader fp = window_fp(ctx, OpKind::Broadcast, count, t, RedOp::Sum, 1, root, a);
   oneshot::broadcast({*w_, rank_, size_, fp, ctx, dl}, buf, count, t, root);
 }

@@ -5,7 +5,7 @@
 
 #include "common/error.h"
 #include "common/failpoint.h"
-#include "ring/slicing.h"
+#include "algo/slicing.h"
 
 namespace ringreduce {
 
@@ -31,25 +31,27 @@ Hierarchical::Hierarchical(Transport& t, const HostLayout& hosts, size_t slice_b
                            bool check_fingerprints)
     : host_t_(t, host_members(hosts, t.rank())),
       cross_t_(t, cross_members(hosts, t.rank())),
-      host_(host_t_, slice_bytes),
-      cross_(cross_t_, slice_bytes) {
+      host_msgs_(host_t_, slice_bytes),
+      cross_msgs_(cross_t_, slice_bytes),
+      host_(host_msgs_),
+      cross_(cross_msgs_) {
   RR_CHECK(hosts.hosts() > 1 && hosts.per_host() > 1, "ringreduce: rank ", t.rank(),
            ": a hierarchical all-reduce needs several hosts with as many ranks on each, not ",
            hosts.describe());
-  host_.set_check_fingerprints(check_fingerprints);
-  cross_.set_check_fingerprints(check_fingerprints);
+  host_msgs_.set_check_fingerprints(check_fingerprints);
+  cross_msgs_.set_check_fingerprints(check_fingerprints);
 }
 
 void Hierarchical::allreduce(const void* in, void* out, size_t count, DType t, RedOp op,
                              int64_t divisor, const MsgHeader& fp, const OpContext& ctx,
                              const Deadline& dl) {
   // This rank's chunk, as the host ring's reduce-scatter cuts `count`.
-  const size_t per = static_cast<size_t>(host_.size());
+  const size_t per = static_cast<size_t>(host_msgs_.size());
   const size_t chunk = slicing::ceil_div(count, per);
-  const size_t begin = std::min(count, static_cast<size_t>(host_.rank()) * chunk);
+  const size_t begin = std::min(count, static_cast<size_t>(host_msgs_.rank()) * chunk);
   const size_t len = std::min(count - begin, chunk);
   auto* mine = static_cast<uint8_t*>(out) + begin * dtype_size(t);
-  const int rank = host_t_.group_rank(host_.rank());
+  const int rank = host_t_.group_rank(host_msgs_.rank());
   failpoint("hierarchical.host_reduce_scatter", rank);
   host_.reduce_scatter_part(in, out, count, t, op, 1, fp, ctx, dl);
   failpoint("hierarchical.cross_allreduce", rank);

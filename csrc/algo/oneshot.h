@@ -19,7 +19,7 @@
 
 #include "common/deadline.h"
 #include "common/dtype.h"
-#include "ring/ring.h"
+#include "algo/messages.h"
 #include "transport/transport.h"
 
 namespace ringreduce::oneshot {
@@ -32,7 +32,7 @@ struct Call {
   const MsgHeader& fp;  // the op's fingerprint, bytes = the algorithm
   const OpContext& ctx;
   const Deadline& dl;
-  // What this rank writes into its buffer for the peers goes around the cache (ring/handoff.h).
+  // What this rank writes into its buffer for the peers goes around the cache (algo/handoff.h).
   bool stream = false;
 };
 

@@ -26,7 +26,7 @@ namespace ringreduce {
   X(Auto, "auto", "every collective",                                                              \
     "by size, world and layout (the crossover table in algo/select.cpp)")                          \
   X(Ring, "ring", "every collective",                                                              \
-    "messages around the ring, and its chain, star and pairwise forms (ring/)")                    \
+    "messages around the ring, and its chain, star and pairwise forms (algo/ring.h etc.)")         \
   X(OneShot, "oneshot", "allreduce, reduce_scatter, allgather, broadcast, reduce, barrier",        \
     "every rank reads every input from the shared window (algo/oneshot.h)")                        \
   X(TwoShot, "twoshot", "allreduce",                                                               \

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "algo/select.h"
-#include "ring/handoff.h"
+#include "algo/handoff.h"
 #include "transport/links.h"
 
 namespace ringreduce {
@@ -22,7 +22,7 @@ struct Config {
   // Slots per link: how many slices a rank may be ahead of its successor.
   uint32_t slots = 4;
   // How ops of at least stream_bytes write the slots their peers read next: measured (auto),
-  // plainly or with non-temporal stores (ring/handoff.h; RINGREDUCE_STREAM, _STREAM_BYTES).
+  // plainly or with non-temporal stores (algo/handoff.h; RINGREDUCE_STREAM, _STREAM_BYTES).
   SlotWrites::Mode stream = SlotWrites::Mode::Auto;
   size_t stream_bytes = 64u << 10;
   // How long a waiting rank spins before it sleeps on a futex: see default_spin().

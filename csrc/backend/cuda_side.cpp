@@ -16,7 +16,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "reduce/reduce_cuda.h"
-#include "ring/ring.h"
+#include "algo/messages.h"
 #include "transport/cuda_ipc/cuda_ipc_transport.h"
 #include "transport/cuda_ipc/device_window.h"
 
@@ -47,7 +47,7 @@ struct CudaSide::Impl {
         auto t = std::make_unique<CudaIpcTransport>(bs, prefix + "cuda/", rank, size, ic);
         ipc = t.get();
         transport = std::move(t);
-        ring_ = std::make_unique<Ring>(*transport, cfg.cuda_slice_bytes, *kernels);
+        msgs_ = std::make_unique<Messages>(*transport, cfg.cuda_slice_bytes, *kernels);
         set_up_ordered(bs);
       } catch (const CudaIpcUnavailable& e) {
         if (cfg.cuda_transport == "ipc") {
@@ -63,11 +63,11 @@ struct CudaSide::Impl {
         }
       }
     }
-    if (!ring_) {
+    if (!msgs_) {
       transport = std::make_unique<StagedTransport>(host, device->index(), comm->stream());
-      ring_ = std::make_unique<Ring>(*transport, cfg.slice_bytes, *kernels);
+      msgs_ = std::make_unique<Messages>(*transport, cfg.slice_bytes, *kernels);
     }
-    ring_->set_check_fingerprints(cfg.check_fingerprints);
+    msgs_->set_check_fingerprints(cfg.check_fingerprints);
     // Device memory has no shared window: the selector, told so, sends every size around the ring,
     // whatever RINGREDUCE_ALGO forces for host tensors. A forced algorithm that does not apply
     // here is said once per group, by rank 0, rather than ignored in silence.
@@ -76,7 +76,7 @@ struct CudaSide::Impl {
       log::note(rank, detail::cat("RINGREDUCE_ALGO=", algo_name(cfg.algo), " does not apply to CUDA ",
                                   "tensors (device memory has no shared window): they take the ring"));
     }
-    coll_ = std::make_unique<Collectives>(*ring_, nullptr, selector);
+    coll_ = std::make_unique<Collectives>(*msgs_, nullptr, selector);
     std::lock_guard<std::mutex> lock(mu);
     name = ipc ? "cuda_ipc" : "staged";
     return *coll_;
@@ -116,8 +116,8 @@ struct CudaSide::Impl {
   std::unique_ptr<cuda::CudaKernels> kernels;
   std::unique_ptr<Transport> transport;
   CudaIpcTransport* ipc = nullptr;  // transport, when it is the IPC one
-  std::unique_ptr<Ring> ring_;
-  std::unique_ptr<Collectives> coll_;  // over ring_
+  std::unique_ptr<Messages> msgs_;
+  std::unique_ptr<Collectives> coll_;  // over msgs_
 };
 
 CudaSide::CudaSide(c10::intrusive_ptr<c10d::Store> store, std::string prefix, int rank, int size,

@@ -22,7 +22,7 @@
 #include "p2p/p2p.h"
 #include "reduce/reduce.h"
 #include "algo/collectives.h"
-#include "ring/ring.h"
+#include "algo/messages.h"
 #include "transport/links.h"
 
 namespace ringreduce {
@@ -82,9 +82,9 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     };
     if (config_.fake_hosts > 0) lo.given_hosts = HostLayout::split(size, config_.fake_hosts);
     links_ = std::make_unique<Links>(bs, prefix, rank, size, lo);
-    ring_ = std::make_unique<Ring>(links_->transport(), config_.slice_bytes);
-    ring_->set_check_fingerprints(config_.check_fingerprints);
-    ring_->slot_writes().configure(config_.stream, config_.stream_bytes, rank);
+    msgs_ = std::make_unique<Messages>(links_->transport(), config_.slice_bytes);
+    msgs_->set_check_fingerprints(config_.check_fingerprints);
+    msgs_->slot_writes().configure(config_.stream, config_.stream_bytes, rank);
     const HostLayout& hosts = links_->hosts();
     // The selector is told what the transport offers (no window over TCP, or across hosts), so
     // that every choice, and what `algorithms` reports, is made there.
@@ -97,7 +97,7 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                                     config_.check_fingerprints);
       hierarchical->host_slot_writes().configure(config_.stream, config_.stream_bytes, rank);
     }
-    algo_ = std::make_unique<Collectives>(*ring_, window, selector,
+    algo_ = std::make_unique<Collectives>(*msgs_, window, selector,
                                           std::move(hierarchical));
     algo_->window_writes().configure(config_.stream, config_.stream_bytes, rank);
 #ifdef RINGREDUCE_WITH_CUDA
@@ -167,7 +167,7 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                              "; over tcp: ", tcp.empty() ? "none" : tcp,
                              tcp.empty() ? "" : detail::cat(" (listening on ", links_->tcp_address(), ")"),
                              "; ", links_->hosts().describe(), "; algorithms: ", selector.describe(), "; slot writes: ",
-                             ring_->slot_writes().describe(), "; defaults for ", config_.local_ranks_seen,
+                             msgs_->slot_writes().describe(), "; defaults for ", config_.local_ranks_seen,
                              " ranks on rank 0's machine; ", config_.to_string()));
     }
   } catch (const c10::Error& e) {

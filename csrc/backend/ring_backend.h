@@ -30,7 +30,7 @@ namespace ringreduce {
 
 class Collectives;
 class Links;
-class Ring;
+class Messages;
 class P2p;
 struct Reduction;
 
@@ -198,8 +198,8 @@ class RingBackend final : public c10d::Backend {
 
   Config config_;
   std::unique_ptr<Links> links_;
-  std::unique_ptr<Ring> ring_;
-  std::unique_ptr<Collectives> algo_;  // over ring_ and the transport's window
+  std::unique_ptr<Messages> msgs_;
+  std::unique_ptr<Collectives> algo_;  // over msgs_ and the transport's window
   std::unique_ptr<Links> p2p_links_;
   std::unique_ptr<P2p> p2p_;  // after its transport: stops before it goes away
 #ifdef RINGREDUCE_WITH_CUDA

@@ -1,7 +1,7 @@
 // The element-wise work of a ring op, behind one interface: where the data lives decides which
-// kernels run it. The ring (csrc/ring/) is written once against this and the Transport; a ring over
-// host memory gets cpu_kernels(), a ring over device memory a CudaKernels bound to its stream
-// (reduce/reduce_cuda.h).
+// kernels run it. The message algorithms (csrc/algo/) are written once against this and the
+// Transport; over host memory they get cpu_kernels(), over device memory a CudaKernels bound to
+// its stream (reduce/reduce_cuda.h).
 //
 // The calls have the contracts of the free functions in reduce/reduce.h. Device kernels are only
 // queued when the call returns; the transport that publishes a slot waits for them first (see
@@ -35,7 +35,7 @@ class Kernels {
     copy(out, dst, n * dtype_size(t), false);
   }
   // reduce() and reduce_and_copy() whose `dst` is a slot that a peer reads next, in an op too large
-  // to stay in cache (ring/handoff.h): the host kernels write dst with non-temporal stores,
+  // to stay in cache (algo/handoff.h): the host kernels write dst with non-temporal stores,
   // so the reader fetches it from memory instead of from the writer's cache, which costs far more
   // where the two cores share no cache (docs/design.md, "Hand-offs between cores"). Same results,
   // bit for bit; kernels without such stores run the plain calls.

@@ -48,7 +48,7 @@ void scale(void* dst, const void* src, size_t n, DType t, double factor);
 
 // memcpy for slices. `streaming` asks for non-temporal stores: for a dst that will not be read
 // again soon from this core's cache (a large output; a slot that another core reads next, where
-// ring/handoff.h finds them faster by measuring both).
+// algo/handoff.h finds them faster by measuring both).
 void copy(void* dst, const void* src, size_t bytes, bool streaming = false);
 
 // Which copy of the hot loops this process runs, as chosen at load time from the CPU: "avx2",

@@ -35,8 +35,8 @@ std::vector<std::string> run_group(int n, Algo algo, const std::function<void(in
     threads.emplace_back([&, r] {
       try {
         ShmTransport t(bs, incarnation_prefix(bs, r, n, kJoinTimeout), r, n, cfg);
-        Ring ring(t, cfg.slot_bytes);
-        Collectives coll(ring, t.window(), Selector(n, cfg.window_bytes, algo));
+        Messages msgs(t, cfg.slot_bytes);
+        Collectives coll(msgs, t.window(), Selector(n, cfg.window_bytes, algo));
         fn(r, coll);
       } catch (const std::exception& e) {
         errors[r] = e.what();

@@ -1,10 +1,10 @@
-// SlotWrites (ring/handoff.h): which way large ops write what a peer reads next, chosen from the
+// SlotWrites (algo/handoff.h): which way large ops write what a peer reads next, chosen from the
 // times of the group's own all-reduces. Fed made-up times here, so the choice is exact.
 #include <cstddef>
 #include <functional>
 
 #include "common/error.h"
-#include "ring/handoff.h"
+#include "algo/handoff.h"
 #include "rrtest.h"
 
 using namespace ringreduce;

@@ -22,7 +22,7 @@ using std::chrono::milliseconds;
 namespace {
 
 std::vector<std::string> run_group(int n, const HostLayout& hosts,
-                                   const std::function<void(int, Hierarchical&, Ring&)>& fn) {
+                                   const std::function<void(int, Hierarchical&, Messages&)>& fn) {
   MapBootstrap bs;
   ShmConfig cfg;
   cfg.slot_bytes = 4096;  // small slices: each phase runs many of them
@@ -34,8 +34,8 @@ std::vector<std::string> run_group(int n, const HostLayout& hosts,
       try {
         ShmTransport t(bs, incarnation_prefix(bs, r, n, kJoinTimeout), r, n, cfg);
         Hierarchical h(t, hosts, cfg.slot_bytes, true);
-        Ring ring(t, cfg.slot_bytes);
-        fn(r, h, ring);
+        Messages msgs(t, cfg.slot_bytes);
+        fn(r, h, msgs);
       } catch (const std::exception& e) {
         errors[r] = e.what();
       }
@@ -53,8 +53,8 @@ OpContext ctx(uint64_t seq) {
   return c;
 }
 
-MsgHeader fp(const Ring& ring, uint64_t seq, size_t count, DType t, RedOp op, int64_t divisor) {
-  return ring.fingerprint(ctx(seq), OpKind::Allreduce, count, t, Ring::redop_code(op, divisor), -1);
+MsgHeader fp(const Messages& msgs, uint64_t seq, size_t count, DType t, RedOp op, int64_t divisor) {
+  return msgs.fingerprint(ctx(seq), OpKind::Allreduce, count, t, Messages::redop_code(op, divisor), -1);
 }
 
 int32_t input_of(int rank, size_t i) {
@@ -67,7 +67,7 @@ RR_TEST(sums_int32_exactly_in_every_layout) {
   for (auto [hosts, per_host] : {std::pair{2, 2}, std::pair{2, 3}, std::pair{3, 2}}) {
     const int n = hosts * per_host;
     std::vector<std::string> bad(n);
-    auto errors = run_group(n, HostLayout::split(n, hosts), [&](int r, Hierarchical& h, Ring& ring) {
+    auto errors = run_group(n, HostLayout::split(n, hosts), [&](int r, Hierarchical& h, Messages& msgs) {
       uint64_t seq = 0;
       for (size_t count : {size_t(0), size_t(1), size_t(per_host - 1), size_t(1009), size_t(70001)}) {
         for (bool in_place : {false, true}) {
@@ -75,7 +75,7 @@ RR_TEST(sums_int32_exactly_in_every_layout) {
           for (size_t i = 0; i < count; ++i) in[i] = input_of(r, i);
           int32_t* dst = in_place ? in.data() : out.data();
           h.allreduce(in.data(), dst, count, DType::Int32, RedOp::Sum, 1,
-                      fp(ring, seq, count, DType::Int32, RedOp::Sum, 1), ctx(seq),
+                      fp(msgs, seq, count, DType::Int32, RedOp::Sum, 1), ctx(seq),
                       Deadline::after(milliseconds(20000)));
           ++seq;
           for (size_t i = 0; i < count && bad[r].empty(); ++i) {
@@ -99,11 +99,11 @@ RR_TEST(avg_of_floats_gives_the_same_bits_on_every_rank) {
   const int n = 4;
   const size_t count = 20011;
   std::vector<std::vector<float>> got(n, std::vector<float>(count));
-  auto errors = run_group(n, HostLayout::split(n, 2), [&](int r, Hierarchical& h, Ring& ring) {
+  auto errors = run_group(n, HostLayout::split(n, 2), [&](int r, Hierarchical& h, Messages& msgs) {
     std::vector<float>& buf = got[r];
     for (size_t i = 0; i < count; ++i) buf[i] = 0.1f * static_cast<float>(input_of(r, i)) + 1e-3f * r;
     h.allreduce(buf.data(), buf.data(), count, DType::Float32, RedOp::Sum, n,
-                fp(ring, 0, count, DType::Float32, RedOp::Sum, n), ctx(0), Deadline::after(milliseconds(20000)));
+                fp(msgs, 0, count, DType::Float32, RedOp::Sum, n), ctx(0), Deadline::after(milliseconds(20000)));
   });
   for (int r = 0; r < n; ++r) RR_EXPECT(errors[r].empty(), "rank ", r, ": ", errors[r]);
   for (int r = 1; r < n; ++r) {
@@ -129,7 +129,7 @@ RR_TEST(host_layouts) {
   RR_EXPECT_THROWS(HostLayout::split(4, 5), "RINGREDUCE_FAKE_HOSTS=5");
   RR_EXPECT_THROWS(HostLayout::split(4, 0), "RINGREDUCE_FAKE_HOSTS=0");
   // One rank per host, or hosts of different sizes: no hierarchy to build.
-  auto errors = run_group(4, HostLayout::split(4, 4), [](int, Hierarchical&, Ring&) {});
+  auto errors = run_group(4, HostLayout::split(4, 4), [](int, Hierarchical&, Messages&) {});
   for (const std::string& e : errors) RR_EXPECT(e.find("several hosts with as many ranks") != std::string::npos, e);
 }
 

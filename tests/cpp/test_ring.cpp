@@ -1,5 +1,6 @@
-// The ring over the shared-memory transport, with threads as ranks: the segments, FIFOs and futex
-// waits are exactly those used between processes, and the sanitizer builds see every access.
+// The message algorithms (algo/ring.h, chain.h, star.h, pairwise.h) over the shared-memory
+// transport, with threads as ranks: the segments, FIFOs and futex waits are exactly those used
+// between processes, and the sanitizer builds see every access.
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -22,7 +23,11 @@
 
 #include "common/error.h"
 #include "map_bootstrap.h"
-#include "ring/ring.h"
+#include "algo/chain.h"
+#include "algo/messages.h"
+#include "algo/pairwise.h"
+#include "algo/ring.h"
+#include "algo/star.h"
 #include "rrtest.h"
 #include "transport/shm/shm_transport.h"
 
@@ -38,9 +43,20 @@ struct RankResult {
   double seconds = 0;
 };
 
-// Runs fn(rank, ring, transport) on n threads, one transport per thread, all built at once.
+// One rank's message algorithms, over one Messages.
+struct Algos {
+  Algos(Transport& t, size_t slice_bytes)
+      : msgs(t, slice_bytes), ring(msgs), chain(msgs), star(msgs), pairwise(msgs) {}
+  Messages msgs;
+  Ring ring;
+  Chain chain;
+  Star star;
+  Pairwise pairwise;
+};
+
+// Runs fn(rank, algorithms, transport) on n threads, one transport per thread, all built at once.
 std::vector<RankResult> run_group(int n, ShmConfig cfg,
-                                  const std::function<void(int, Ring&, ShmTransport&)>& fn) {
+                                  const std::function<void(int, Algos&, ShmTransport&)>& fn) {
   MapBootstrap bs;
   std::vector<RankResult> results(n);
   std::vector<std::thread> threads;
@@ -49,8 +65,8 @@ std::vector<RankResult> run_group(int n, ShmConfig cfg,
       const auto start = Clock::now();
       try {
         ShmTransport t(bs, incarnation_prefix(bs, r, n, kJoinTimeout), r, n, cfg);
-        Ring ring(t, cfg.slot_bytes);
-        fn(r, ring, t);
+        Algos a(t, cfg.slot_bytes);
+        fn(r, a, t);
       } catch (const TimeoutError& e) {
         results[r].error = e.what();
         results[r].timeout = true;
@@ -103,19 +119,19 @@ RR_TEST(allreduce_int32_sum_exact_over_sizes_slices_and_slots) {
         const std::vector<size_t> counts = {0, 1, size_t(n > 1 ? n - 1 : 2), 1009, 100003};
         const uint32_t seed = rng();
         std::vector<std::vector<std::vector<int32_t>>> outs(n);
-        auto res = run_group(n, config(slot, slots), [&](int r, Ring& ring, ShmTransport&) {
+        auto res = run_group(n, config(slot, slots), [&](int r, Algos& a, ShmTransport&) {
           uint64_t seq = 0;
           for (size_t count : counts) {
             for (int inplace = 0; inplace < 2; ++inplace) {
               std::vector<int32_t> in(count), out(count, 12345);
               for (size_t i = 0; i < count; ++i) in[i] = input_of(r, i, seed);
               if (inplace) {
-                ring.allreduce(in.data(), in.data(), count, DType::Int32, RedOp::Sum, 1, ctx(seq++),
-                               Deadline::after(milliseconds(20000)));
+                a.ring.allreduce(in.data(), in.data(), count, DType::Int32, RedOp::Sum, 1, ctx(seq++),
+                                 Deadline::after(milliseconds(20000)));
                 outs[r].push_back(in);
               } else {
-                ring.allreduce(in.data(), out.data(), count, DType::Int32, RedOp::Sum, 1, ctx(seq++),
-                               Deadline::after(milliseconds(20000)));
+                a.ring.allreduce(in.data(), out.data(), count, DType::Int32, RedOp::Sum, 1, ctx(seq++),
+                                 Deadline::after(milliseconds(20000)));
                 for (size_t i = 0; i < count; ++i) {
                   if (in[i] != input_of(r, i, seed)) throw Error("out-of-place allreduce wrote its input");
                 }
@@ -149,16 +165,16 @@ RR_TEST(allreduce_float_is_bit_identical_across_ranks_and_avg_divides) {
   for (int n = 2; n <= 4; ++n) {
     const size_t count = 50021;
     std::vector<std::vector<float>> outs(n), avgs(n);
-    auto res = run_group(n, config(1024, 2), [&](int r, Ring& ring, ShmTransport&) {
+    auto res = run_group(n, config(1024, 2), [&](int r, Algos& a, ShmTransport&) {
       std::mt19937 rng(1000 + r);
       std::normal_distribution<float> dist;
       std::vector<float> x(count);
       for (auto& v : x) v = dist(rng);
       std::vector<float> y = x;
-      ring.allreduce(x.data(), x.data(), count, DType::Float32, RedOp::Sum, 1, ctx(0),
-                     Deadline::after(milliseconds(20000)));
-      ring.allreduce(y.data(), y.data(), count, DType::Float32, RedOp::Sum, n, ctx(1),
-                     Deadline::after(milliseconds(20000)));
+      a.ring.allreduce(x.data(), x.data(), count, DType::Float32, RedOp::Sum, 1, ctx(0),
+                       Deadline::after(milliseconds(20000)));
+      a.ring.allreduce(y.data(), y.data(), count, DType::Float32, RedOp::Sum, n, ctx(1),
+                       Deadline::after(milliseconds(20000)));
       outs[r] = x;
       avgs[r] = y;
     });
@@ -184,12 +200,12 @@ RR_TEST(reduce_scatter_and_all_gather_contiguous_and_as_lists) {
         // Per rank: reduce-scatter (contiguous, then list form, then averaged), all-gather
         // (contiguous, from its own chunk in place, then list form).
         std::vector<std::vector<std::vector<int32_t>>> got(n);
-        auto res = run_group(n, config(slot, 2), [&](int r, Ring& ring, ShmTransport&) {
+        auto res = run_group(n, config(slot, 2), [&](int r, Algos& a, ShmTransport&) {
           const auto dl = [] { return Deadline::after(milliseconds(20000)); };
           std::vector<int32_t> in(count * n), out(count, -7);
           for (size_t i = 0; i < in.size(); ++i) in[i] = input_of(r, i, seed);
-          ring.reduce_scatter(Chunks(in.data(), count * 4), out.data(), count, DType::Int32,
-                              RedOp::Sum, 1, ctx(0, "reduce_scatter"), dl());
+          a.ring.reduce_scatter(Chunks(in.data(), count * 4), out.data(), count, DType::Int32,
+                                RedOp::Sum, 1, ctx(0, "reduce_scatter"), dl());
           got[r].push_back(out);
           std::vector<std::vector<int32_t>> parts(n, std::vector<int32_t>(count));
           std::vector<void*> ptrs;
@@ -198,28 +214,28 @@ RR_TEST(reduce_scatter_and_all_gather_contiguous_and_as_lists) {
             ptrs.push_back(parts[c].data());
           }
           std::vector<int32_t> out2(count, -7);
-          ring.reduce_scatter(Chunks(&ptrs), out2.data(), count, DType::Int32, RedOp::Sum, 1,
-                              ctx(1, "reduce_scatter"), dl());
+          a.ring.reduce_scatter(Chunks(&ptrs), out2.data(), count, DType::Int32, RedOp::Sum, 1,
+                                ctx(1, "reduce_scatter"), dl());
           got[r].push_back(out2);
           std::vector<int32_t> avg(count, -7);
-          ring.reduce_scatter(Chunks(in.data(), count * 4), avg.data(), count, DType::Int32,
-                              RedOp::Sum, n, ctx(2, "reduce_scatter"), dl());
+          a.ring.reduce_scatter(Chunks(in.data(), count * 4), avg.data(), count, DType::Int32,
+                                RedOp::Sum, n, ctx(2, "reduce_scatter"), dl());
           got[r].push_back(avg);
 
           std::vector<int32_t> mine(count), gathered(count * n, -7);
           for (size_t i = 0; i < count; ++i) mine[i] = input_of(r, i, seed + 1);
-          ring.all_gather(mine.data(), Chunks(gathered.data(), count * 4), count, DType::Int32,
-                          ctx(3, "allgather"), dl());
+          a.ring.all_gather(mine.data(), Chunks(gathered.data(), count * 4), count, DType::Int32,
+                            ctx(3, "allgather"), dl());
           got[r].push_back(gathered);
           std::vector<int32_t> inplace(count * n, -7);
           std::copy(mine.begin(), mine.end(), inplace.begin() + r * count);
-          ring.all_gather(inplace.data() + r * count, Chunks(inplace.data(), count * 4), count,
-                          DType::Int32, ctx(4, "allgather"), dl());
+          a.ring.all_gather(inplace.data() + r * count, Chunks(inplace.data(), count * 4), count,
+                            DType::Int32, ctx(4, "allgather"), dl());
           got[r].push_back(inplace);
           std::vector<std::vector<int32_t>> outs(n, std::vector<int32_t>(count, -7));
           std::vector<void*> optrs;
           for (auto& o : outs) optrs.push_back(o.data());
-          ring.all_gather(mine.data(), Chunks(&optrs), count, DType::Int32, ctx(5, "allgather"), dl());
+          a.ring.all_gather(mine.data(), Chunks(&optrs), count, DType::Int32, ctx(5, "allgather"), dl());
           std::vector<int32_t> flat;
           for (auto& o : outs) flat.insert(flat.end(), o.begin(), o.end());
           got[r].push_back(flat);
@@ -255,15 +271,15 @@ RR_TEST(reduce_gather_scatter_to_and_from_every_root) {
       for (size_t count : {size_t(0), size_t(1), size_t(37), size_t(20011)}) {
         const uint32_t seed = static_cast<uint32_t>(n * 7919 + count + slot);
         std::vector<std::string> wrong(n);
-        auto res = run_group(n, config(slot, 2), [&](int r, Ring& ring, ShmTransport&) {
+        auto res = run_group(n, config(slot, 2), [&](int r, Algos& a, ShmTransport&) {
           const auto dl = [] { return Deadline::after(milliseconds(20000)); };
           uint64_t seq = 0;
           for (int root = 0; root < n; ++root) {
             std::vector<int32_t> in(count);
             for (size_t i = 0; i < count; ++i) in[i] = input_of(r, i, seed + root);
             std::vector<int32_t> out(count, -7);
-            ring.reduce(in.data(), out.data(), count, DType::Int32, RedOp::Sum, 1, root,
-                        ctx(seq++, "reduce"), dl());
+            a.ring.reduce(in.data(), out.data(), count, DType::Int32, RedOp::Sum, 1, root,
+                          ctx(seq++, "reduce"), dl());
             if (r == root) {
               for (size_t i = 0; i < count; ++i) {
                 int64_t want = 0;
@@ -272,8 +288,8 @@ RR_TEST(reduce_gather_scatter_to_and_from_every_root) {
               }
             }
             std::vector<int32_t> all(count * n, -7);
-            ring.gather(in.data(), Chunks(all.data(), count * 4), count, DType::Int32, root,
-                        ctx(seq++, "gather"), dl());
+            a.star.gather(in.data(), Chunks(all.data(), count * 4), count, DType::Int32, root,
+                          ctx(seq++, "gather"), dl());
             if (r == root) {
               for (int q = 0; q < n; ++q)
                 for (size_t i = 0; i < count; ++i)
@@ -281,8 +297,8 @@ RR_TEST(reduce_gather_scatter_to_and_from_every_root) {
             }
             std::vector<int32_t> src(count * n), mine(count, -7);
             for (size_t i = 0; i < src.size(); ++i) src[i] = input_of(root, i, seed + 99);
-            ring.scatter(Chunks(src.data(), count * 4), mine.data(), count, DType::Int32, root,
-                         ctx(seq++, "scatter"), dl());
+            a.star.scatter(Chunks(src.data(), count * 4), mine.data(), count, DType::Int32, root,
+                           ctx(seq++, "scatter"), dl());
             for (size_t i = 0; i < count; ++i)
               if (mine[i] != input_of(root, r * count + i, seed + 99)) { wrong[r] += rrtest::message(" scatter root=", root); break; }
           }
@@ -302,7 +318,7 @@ RR_TEST(alltoall_even_and_uneven_splits) {
       for (size_t scale : {size_t(0), size_t(1), size_t(3001)}) {
         auto cnt = [&](int from, int to) { return static_cast<size_t>((from + 2 * to) % 5) * scale; };
         std::vector<std::string> wrong(n);
-        auto res = run_group(n, config(slot, 2), [&](int r, Ring& ring, ShmTransport&) {
+        auto res = run_group(n, config(slot, 2), [&](int r, Algos& a, ShmTransport&) {
           std::vector<size_t> sc(n), rc(n);
           std::vector<std::vector<int32_t>> in(n), out(n);
           std::vector<void*> ip, op;
@@ -315,8 +331,8 @@ RR_TEST(alltoall_even_and_uneven_splits) {
             ip.push_back(in[p].data());
             op.push_back(out[p].data());
           }
-          ring.alltoall(Chunks(&ip), sc, Chunks(&op), rc, DType::Int32, ctx(0, "alltoall"),
-                        Deadline::after(milliseconds(20000)));
+          a.pairwise.alltoall(Chunks(&ip), sc, Chunks(&op), rc, DType::Int32, ctx(0, "alltoall"),
+                              Deadline::after(milliseconds(20000)));
           for (int p = 0; p < n; ++p)
             for (size_t i = 0; i < rc[p]; ++i)
               if (out[p][i] != input_of(p, r * 100000 + i, 5)) { wrong[r] += rrtest::message(" from ", p, " i=", i); break; }
@@ -330,13 +346,13 @@ RR_TEST(alltoall_even_and_uneven_splits) {
 }
 
 RR_TEST(alltoall_with_disagreeing_splits_fails_on_both_sides) {
-  auto res = run_group(2, config(4096, 2), [&](int r, Ring& ring, ShmTransport&) {
+  auto res = run_group(2, config(4096, 2), [&](int r, Algos& algos, ShmTransport&) {
     std::vector<int32_t> a(100), b(120);  // b: two chunks of 60, the larger count
     // Rank 0 sends 50 to rank 1, which expects 60.
     std::vector<size_t> sc = {50, 50}, rc = {r == 1 ? size_t(60) : size_t(50), 50};
     if (r == 1) sc = {50, 50};
-    ring.alltoall(Chunks(a.data(), 200), sc, Chunks(b.data(), 240), rc, DType::Int32,
-                  ctx(3, "alltoall"), Deadline::after(milliseconds(20000)));
+    algos.pairwise.alltoall(Chunks(a.data(), 200), sc, Chunks(b.data(), 240), rc, DType::Int32,
+                            ctx(3, "alltoall"), Deadline::after(milliseconds(20000)));
   });
   RR_EXPECT(!res[1].error.empty() && res[1].error.find("alltoall #3") != std::string::npos, res[1].error);
   RR_EXPECT(!res[0].error.empty(), "rank 0 did not fail");
@@ -346,13 +362,13 @@ RR_TEST(broadcast_from_every_root_and_barrier) {
   for (int n = 1; n <= 4; ++n) {
     for (size_t count : {size_t(0), size_t(1), size_t(777), size_t(70001)}) {
       std::vector<std::vector<std::vector<uint8_t>>> got(n);
-      auto res = run_group(n, config(256, 2), [&](int r, Ring& ring, ShmTransport&) {
+      auto res = run_group(n, config(256, 2), [&](int r, Algos& a, ShmTransport&) {
         for (int root = 0; root < n; ++root) {
           std::vector<uint8_t> buf(count);
           for (size_t i = 0; i < count; ++i) buf[i] = static_cast<uint8_t>(r == root ? i * 7 + root : 0xEE);
-          ring.broadcast(buf.data(), count, DType::UInt8, root, ctx(2 * root, "broadcast"),
-                         Deadline::after(milliseconds(20000)));
-          ring.barrier(ctx(2 * root + 1, "barrier"), Deadline::after(milliseconds(20000)));
+          a.chain.broadcast(buf.data(), count, DType::UInt8, root, ctx(2 * root, "broadcast"),
+                            Deadline::after(milliseconds(20000)));
+          a.ring.barrier(ctx(2 * root + 1, "barrier"), Deadline::after(milliseconds(20000)));
           got[r].push_back(buf);
         }
       });
@@ -374,13 +390,13 @@ RR_TEST(mismatched_counts_fail_on_every_rank_and_leave_inputs_alone) {
   for (int n = 2; n <= 4; ++n) {
     const int odd = n - 1;  // this rank calls with a different count
     std::vector<int> untouched(n, 0);
-    auto res = run_group(n, config(4096, 2), [&](int r, Ring& ring, ShmTransport&) {
+    auto res = run_group(n, config(4096, 2), [&](int r, Algos& a, ShmTransport&) {
       const size_t count = r == odd ? 3000 : 5000;
       std::vector<int32_t> x(count);
       for (size_t i = 0; i < count; ++i) x[i] = input_of(r, i, 1);
       try {
-        ring.allreduce(x.data(), x.data(), count, DType::Int32, RedOp::Sum, 1, ctx(0),
-                       Deadline::after(milliseconds(20000)));
+        a.ring.allreduce(x.data(), x.data(), count, DType::Int32, RedOp::Sum, 1, ctx(0),
+                         Deadline::after(milliseconds(20000)));
       } catch (...) {
         bool same = true;
         for (size_t i = 0; i < count; ++i) same &= x[i] == input_of(r, i, 1);
@@ -406,7 +422,7 @@ RR_TEST(mismatched_counts_fail_on_every_rank_and_leave_inputs_alone) {
 RR_TEST(absent_rank_times_out_with_its_name_and_the_deadline) {
   const int n = 3;
   std::atomic<int> ended{0};
-  auto res = run_group(n, config(4096, 2), [&](int r, Ring& ring, ShmTransport&) {
+  auto res = run_group(n, config(4096, 2), [&](int r, Algos& a, ShmTransport&) {
     if (r == 2) {
       // Never calls the collective, but stays (its transport, and so its liveness lock, with
       // it) until the others have given up, as an absent process would.
@@ -421,8 +437,8 @@ RR_TEST(absent_rank_times_out_with_its_name_and_the_deadline) {
     std::vector<float> x(1000, 1.0f);
     OpContext c = ctx(4);
     c.timeout = milliseconds(300);
-    ring.allreduce(x.data(), x.data(), x.size(), DType::Float32, RedOp::Sum, 1, c,
-                   Deadline::after(milliseconds(300)));
+    a.ring.allreduce(x.data(), x.data(), x.size(), DType::Float32, RedOp::Sum, 1, c,
+                     Deadline::after(milliseconds(300)));
   });
   RR_EXPECT(res[2].error.empty(), res[2].error);
   bool named = false;
@@ -439,7 +455,7 @@ RR_TEST(absent_rank_times_out_with_its_name_and_the_deadline) {
 
 RR_TEST(abort_from_another_thread_ends_a_waiting_op) {
   const int n = 2;
-  auto res = run_group(n, config(4096, 2), [&](int r, Ring& ring, ShmTransport& t) {
+  auto res = run_group(n, config(4096, 2), [&](int r, Algos& a, ShmTransport& t) {
     if (r == 1) {
       // Rank 1 never joins; it aborts the group while rank 0 waits for it.
       std::thread aborter([&t] {
@@ -450,8 +466,8 @@ RR_TEST(abort_from_another_thread_ends_a_waiting_op) {
       return;
     }
     std::vector<float> x(1000, 1.0f);
-    ring.allreduce(x.data(), x.data(), x.size(), DType::Float32, RedOp::Sum, 1, ctx(0),
-                   Deadline::after(milliseconds(20000)));
+    a.ring.allreduce(x.data(), x.data(), x.size(), DType::Float32, RedOp::Sum, 1, ctx(0),
+                     Deadline::after(milliseconds(20000)));
   });
   RR_EXPECT(res[0].aborted, "rank 0 was not aborted: ", res[0].error);
   RR_EXPECT(res[0].error.find("test abort") != std::string::npos, res[0].error);
@@ -461,7 +477,7 @@ RR_TEST(abort_from_another_thread_ends_a_waiting_op) {
 RR_TEST(segments_are_unlinked_once_every_peer_mapped_them) {
   for (int n = 1; n <= 4; ++n) {
     std::atomic<int> linked{0};
-    auto res = run_group(n, config(4096, 2), [&](int, Ring&, ShmTransport& t) {
+    auto res = run_group(n, config(4096, 2), [&](int, Algos&, ShmTransport& t) {
       // Ask the file system, not the transport's own bookkeeping.
       const int fd = shm_open(t.segment_name().c_str(), O_RDONLY, 0);
       if (fd >= 0) {
@@ -488,7 +504,8 @@ RR_TEST(a_group_set_up_again_on_the_same_store_uses_fresh_keys) {
       threads.emplace_back([&, r] {
         try {
           ShmTransport t(bs, incarnation_prefix(bs, r, 3, kJoinTimeout), r, 3, config(4096, 2));
-          Ring ring(t, 4096);
+          Messages msgs(t, 4096);
+          Ring ring(msgs);
           std::vector<int32_t> x(100, r + 1);
           ring.allreduce(x.data(), x.data(), x.size(), DType::Int32, RedOp::Sum, 1, ctx(0),
                          Deadline::after(milliseconds(20000)));
@@ -513,13 +530,13 @@ RR_TEST(a_peer_on_the_same_cpu_is_yielded_to_not_spun_for) {
   ShmConfig cfg = config(4096, 2);
   cfg.spin = std::chrono::seconds(1);
   std::vector<uint64_t> yields(2, 0);
-  auto res = run_group(2, cfg, [&](int r, Ring& ring, ShmTransport& t) {
+  auto res = run_group(2, cfg, [&](int r, Algos& a, ShmTransport& t) {
     RR_REQUIRE(pthread_setaffinity_np(pthread_self(), sizeof one, &one) == 0, "cannot pin rank ", r);
     std::vector<int32_t> buf(1000);
     for (uint64_t k = 0; k < 50; ++k) {
       for (size_t i = 0; i < buf.size(); ++i) buf[i] = input_of(r, i, static_cast<uint32_t>(k));
-      ring.allreduce(buf.data(), buf.data(), buf.size(), DType::Int32, RedOp::Sum, 1, ctx(k),
-                     Deadline::after(milliseconds(20000)));
+      a.ring.allreduce(buf.data(), buf.data(), buf.size(), DType::Int32, RedOp::Sum, 1, ctx(k),
+                       Deadline::after(milliseconds(20000)));
       for (size_t i = 0; i < buf.size(); ++i) {
         RR_REQUIRE(buf[i] == input_of(0, i, static_cast<uint32_t>(k)) + input_of(1, i, static_cast<uint32_t>(k)),
                    "op ", k, " element ", i);
@@ -532,7 +549,7 @@ RR_TEST(a_peer_on_the_same_cpu_is_yielded_to_not_spun_for) {
 }
 
 RR_TEST(one_slot_per_link_is_rejected_because_the_ring_would_deadlock) {
-  auto res = run_group(2, config(4096, 1), [](int, Ring&, ShmTransport&) {});
+  auto res = run_group(2, config(4096, 1), [](int, Algos&, ShmTransport&) {});
   for (const auto& r : res) RR_EXPECT(r.error.find("slots per link") != std::string::npos, r.error);
 }
 

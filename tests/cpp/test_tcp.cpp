@@ -18,7 +18,8 @@
 
 #include "common/error.h"
 #include "map_bootstrap.h"
-#include "ring/ring.h"
+#include "algo/messages.h"
+#include "algo/ring.h"
 #include "rrtest.h"
 #include "transport/routed.h"
 #include "transport/tcp/wire.h"
@@ -135,7 +136,8 @@ RR_TEST(allreduce_over_tcp_alone_and_over_mixed_hops) {
     MapBootstrap bs;
     const auto errors = run_ranks(n, [&](int r) {
       RankTransports t = make_transports(bs, incarnation_prefix(bs, r, n, kJoinTimeout), r, n, l.host_of, 4096, l.sockets);
-      Ring ring(*t.routed, 4096);
+      Messages msgs(*t.routed, 4096);
+      Ring ring(msgs);
       uint64_t seq = 0;
       allreduce_checks(ring, r, n, seed, seq);
     });
@@ -178,7 +180,8 @@ RR_TEST(receives_over_tcp_land_in_place_and_only_when_their_header_is_right) {
     std::atomic<int> done_with_good_ops{0};
     const auto errors = run_ranks(n, [&](int r) {
       RankTransports t = make_transports(bs, incarnation_prefix(bs, r, n, kJoinTimeout), r, n, l.host_of, slot, l.sockets);
-      Ring ring(*t.routed, slot);
+      Messages msgs(*t.routed, slot);
+      Ring ring(msgs);
       const int prev = (r + n - 1) % n;
       const bool tcp_prev = l.host_of[prev] != l.host_of[r];
       uint64_t seq = 0, want = 0;
@@ -267,7 +270,8 @@ RR_TEST(bad_connections_are_dropped_and_the_job_goes_on) {
   std::atomic<uint64_t> rejected{0};
   const auto errors = run_ranks(n, [&](int r) {
     RankTransports t = make_transports(bs, incarnation_prefix(bs, r, n, kJoinTimeout), r, n, {0, 1}, 4096, 2);
-    Ring ring(*t.routed, 4096);
+    Messages msgs(*t.routed, 4096);
+    Ring ring(msgs);
     uint64_t seq = 0;
     allreduce_checks(ring, r, n, 5, seq);
     if (r == 0) {
@@ -322,7 +326,8 @@ RR_TEST(a_peer_that_goes_away_mid_op_fails_the_others_naming_it) {
   std::vector<double> seconds(n, 0);
   const auto errors = run_ranks(n, [&](int r) {
     RankTransports t = make_transports(bs, incarnation_prefix(bs, r, n, kJoinTimeout), r, n, {0, 1, 2}, 4096, 1);
-    Ring ring(*t.routed, 4096);
+    Messages msgs(*t.routed, 4096);
+    Ring ring(msgs);
     uint64_t seq = 0;
     allreduce_checks(ring, r, n, 9, seq);
     if (r == 2) return;
@@ -357,7 +362,8 @@ RR_TEST(an_absent_rank_is_named_by_every_waiting_rank_across_hosts) {
     std::vector<double> seconds(n, 0);
     const auto errors = run_ranks(n, [&](int r) {
       RankTransports t = make_transports(bs, incarnation_prefix(bs, r, n, kJoinTimeout), r, n, host_of, 4096, 2);
-      Ring ring(*t.routed, 4096);
+      Messages msgs(*t.routed, 4096);
+      Ring ring(msgs);
       uint64_t seq = 0;
       allreduce_checks(ring, r, n, 3, seq);
       if (r == absent) {

@@ -1,16 +1,15 @@
 // Gather and scatter as a star around the root: each byte moves once, between the root and its
 // owner, with no rank in between.
-#include "ring/ring.h"
+#include "algo/star.h"
 
 #include <algorithm>
 
 #include "common/error.h"
-#include "ring/slicing.h"
+#include "algo/slicing.h"
 
 namespace ringreduce {
 
-
-void Ring::gather(const void* in_ptr, const Chunks& out, size_t count, DType t, int root,
+void Star::gather(const void* in_ptr, const Chunks& out, size_t count, DType t, int root,
                   const OpContext& ctx, const Deadline& dl) {
   check_root(root, ctx);
   const size_t es = dtype_size(t);
@@ -40,7 +39,7 @@ void Ring::gather(const void* in_ptr, const Chunks& out, size_t count, DType t, 
   }
 }
 
-void Ring::scatter(const Chunks& in, void* out_ptr, size_t count, DType t, int root,
+void Star::scatter(const Chunks& in, void* out_ptr, size_t count, DType t, int root,
                    const OpContext& ctx, const Deadline& dl) {
   check_root(root, ctx);
   const size_t es = dtype_size(t);

@@ -1,4 +1,4 @@
-#include "ring/handoff.h"
+#include "algo/handoff.h"
 
 #include <algorithm>
 #include <cstdio>

@@ -1,18 +1,18 @@
 // All-to-all as n-1 rounds of pairwise exchanges: in round s every rank sends to the rank s ahead
 // and receives from the rank s behind.
-#include "ring/ring.h"
+#include "algo/pairwise.h"
 
 #include <algorithm>
 
 #include "common/error.h"
-#include "ring/slicing.h"
+#include "algo/slicing.h"
 
 namespace ringreduce {
 
 using slicing::ceil_div;
 using slicing::kStreamLargeOutputBytes;
 
-void Ring::alltoall(const Chunks& in, const std::vector<size_t>& send_counts, const Chunks& out,
+void Pairwise::alltoall(const Chunks& in, const std::vector<size_t>& send_counts, const Chunks& out,
                     const std::vector<size_t>& recv_counts, DType t, const OpContext& ctx,
                     const Deadline& dl) {
   const int n = size_, r = rank_;
@@ -26,8 +26,8 @@ void Ring::alltoall(const Chunks& in, const std::vector<size_t>& send_counts, co
   const bool streaming = out_bytes >= kStreamLargeOutputBytes;
   size_t in_bytes = 0;
   for (size_t c : send_counts) in_bytes += c * es;
-  const bool stream_sends = writes_.stream(in_bytes, false);
-  const size_t slice = std::max<size_t>(1, slice_bytes_ / es);
+  const bool stream_sends = m_.slot_writes().stream(in_bytes, false);
+  const size_t slice = std::max<size_t>(1, m_.slice_bytes() / es);
   // First every pair checks its counts with one empty message each way, and the round makes every
   // rank hear that all pairs agreed (a rank that found a mismatch aborts the group and forwards
   // nothing), so that a desync fails every rank before any output byte is written.

@@ -1,18 +1,18 @@
 // Broadcast as a pipelined chain along the ring from the root: each slice is forwarded before it
 // is copied out, so every link carries the message once.
-#include "ring/ring.h"
+#include "algo/chain.h"
 
 #include <algorithm>
 
 #include "common/error.h"
-#include "ring/slicing.h"
+#include "algo/slicing.h"
 
 namespace ringreduce {
 
 using slicing::ceil_div;
 using slicing::kStreamLargeOutputBytes;
 
-void Ring::broadcast(void* buf_ptr, size_t count, DType t, int root, const OpContext& ctx,
+void Chain::broadcast(void* buf_ptr, size_t count, DType t, int root, const OpContext& ctx,
                      const Deadline& dl) {
   check_root(root, ctx);
   const int n = size_;
@@ -22,10 +22,10 @@ void Ring::broadcast(void* buf_ptr, size_t count, DType t, int root, const OpCon
   const int next = (rank_ + 1) % n;
   const int prev = (rank_ + n - 1) % n;
   const int pos = (rank_ - root + n) % n;  // distance from the root along the chain
-  const size_t slice = std::max<size_t>(1, slice_bytes_ / es);
+  const size_t slice = std::max<size_t>(1, m_.slice_bytes() / es);
   const size_t nslices = std::max<size_t>(1, ceil_div(count, slice));
   const bool streaming = count * es >= kStreamLargeOutputBytes;
-  const bool stream_sends = writes_.stream(count * es, false);
+  const bool stream_sends = m_.slot_writes().stream(count * es, false);
   const MsgHeader fp = fingerprint(ctx, OpKind::Broadcast, count, t, 0, root);
   // A rank hears only from its predecessor, and the root from no one: the round first makes every
   // rank check every other, so a desync fails them all before any buffer is written.
