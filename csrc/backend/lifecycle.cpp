@@ -184,6 +184,11 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
 RingBackend::~RingBackend() {
   queue_.set_idle(nullptr);
   queue_.drain();
+#ifdef RINGREDUCE_WITH_CUDA
+  // Before the flight recorder (a later member, so destroyed first) goes: the stream-ordered ops'
+  // watchdog records each op's end there until the last one has ended.
+  cuda_.reset();
+#endif
   if (p2p_) p2p_->shutdown();
 }
 
