@@ -20,7 +20,9 @@ void DeviceOneShot::allreduce(const void* in, void* out, size_t count, DType t, 
     const size_t m = std::min(per_chunk, count - done);
     const uint32_t seq = ++seq_;
     const int which = static_cast<int>(seq & 1);
-    cuda::copy(w_.slot(w_.rank(), which), src + done * es, m * es, s);
+    // Gated on the abort word: after an abort released this rank's waits, it must not refill a
+    // slot that a late peer may still be reading.
+    cuda::copy_unless(w_.slot(w_.rank(), which), src + done * es, m * es, w_.abort_word(), s);
     w_.post(seq, s);
     w_.wait_peers(seq, s);
     const void* staged[kMaxRanks];

@@ -252,7 +252,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::ordered_allreduce(const at::Tensor& 
   }
   c10::intrusive_ptr<c10d::Work> work;
   try {
-    work = cuda_->ordered_allreduce(name, seq, in, buf, d, red.op, limit);
+    work = cuda_->ordered_allreduce(name, seq, in, buf, t, d, red.op, limit);
   } catch (...) {
     --next_seq_;  // never issued: later ops keep the numbers the other ranks give them
     flight_->withdraw(seq);

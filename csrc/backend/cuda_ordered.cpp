@@ -55,7 +55,9 @@ struct OpEnd {
   OpEnd(const OpEnd&) = delete;
   OpEnd& operator=(const OpEnd&) = delete;
 
-  bool ended() const { return cudaEventQuery(done) == cudaSuccess; }
+  // cudaSuccess once the op has ended on the device, cudaErrorNotReady before, else the error
+  // that stopped the device's work.
+  cudaError_t status() const { return cudaEventQuery(done); }
   bool has_failed() const { return failed_flag.load(std::memory_order_acquire); }
   std::string failed() {
     if (!has_failed()) return "";
@@ -83,7 +85,7 @@ class OrderedWork final : public c10d::Work {
       : c10d::Work(rank, c10d::OpType::ALLREDUCE), seq_(seq), outputs_(std::move(outputs)),
         end_(std::move(end)), comm_(comm) {}
 
-  bool isCompleted() override { return end_->has_failed() || end_->ended(); }
+  bool isCompleted() override { return end_->has_failed() || end_->status() != cudaErrorNotReady; }
   bool isSuccess() const override { return !end_->has_failed(); }
   std::exception_ptr exception() const override {
     const std::string why = end_->failed();
@@ -109,8 +111,12 @@ class OrderedWork final : public c10d::Work {
     if (!future_) {
       future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
                                                          std::vector<c10::Device>{comm_.device()});
-      c10::cuda::CUDAStreamGuard guard(comm_);
-      future_->markCompleted(c10::IValue(outputs_));
+      if (std::exception_ptr e = exception()) {
+        future_->setError(e);
+      } else {
+        c10::cuda::CUDAStreamGuard guard(comm_);
+        future_->markCompleted(c10::IValue(outputs_));
+      }
     }
     return future_;
   }
@@ -166,12 +172,16 @@ bool CudaOrdered::takes_allreduce(RedOp, int64_t divisor) const {
 
 c10::intrusive_ptr<c10d::Work> CudaOrdered::allreduce(const char* name, uint64_t seq, int rank,
                                                       const at::Tensor& in, const at::Tensor& out,
-                                                      DType t, RedOp op,
+                                                      const at::Tensor& result, DType t, RedOp op,
                                                       std::chrono::milliseconds timeout,
                                                       c10::cuda::CUDAStream comm,
                                                       c10::cuda::CUDAStream caller) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    // A group whose host side a peer aborted queues nothing more on the device: its window is
+    // aborted here first, so that nothing this rank already queued reduces a stale slot.
+    const std::string host = host_.abort_reason();
+    if (aborted_.empty() && !host.empty()) fail_all(host);
     if (!aborted_.empty()) {
       C10_THROW_ERROR(DistBackendError,
                       detail::cat(op_prefix(name, seq, rank), "the group was aborted: ", aborted_));
@@ -211,7 +221,7 @@ c10::intrusive_ptr<c10d::Work> CudaOrdered::allreduce(const char* name, uint64_t
     pending_.push_back(std::move(p));
   }
   if (wake) cv_.notify_all();
-  return c10::make_intrusive<OrderedWork>(rank, seq, std::vector<at::Tensor>{out}, end, comm);
+  return c10::make_intrusive<OrderedWork>(rank, seq, std::vector<at::Tensor>{result}, end, comm);
 }
 
 std::string CudaOrdered::abort_reason() const {
@@ -223,6 +233,13 @@ void CudaOrdered::abort(const std::string& why) {
   std::lock_guard<std::mutex> lock(mu_);
   fail_all(why);
 }
+
+void CudaOrdered::quiesce() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return pending_.empty(); });
+}
+
+void CudaOrdered::keep_window_memory() { window_->keep_memory(); }
 
 void CudaOrdered::fail_all(const std::string& why) {
   if (aborted_.empty()) {
@@ -239,6 +256,7 @@ void CudaOrdered::fail_all(const std::string& why) {
     finished_(p->seq, msg);
   }
   pending_.clear();
+  cv_.notify_all();
 }
 
 void CudaOrdered::watch() {
@@ -247,14 +265,28 @@ void CudaOrdered::watch() {
   for (;;) {
     cv_.wait(lock, [&] { return stopping_ || !pending_.empty(); });
     if (pending_.empty()) return;  // stopping, nothing in flight
+    // A peer's abort first: an op that ended after it may have read a slot the peer no longer
+    // filled, so nothing in flight then counts as done.
+    std::string why = host_.abort_reason();
+    if (!why.empty()) {
+      fail_all(why);
+      continue;
+    }
     // The oldest op first: ops end in order on the one stream.
-    while (!pending_.empty() && pending_.front()->end->ended()) {
+    cudaError_t st = cudaErrorNotReady;
+    while (!pending_.empty() && (st = pending_.front()->end->status()) == cudaSuccess) {
       finished_(pending_.front()->seq, "");
       pending_.pop_front();
     }
-    if (pending_.empty()) continue;
+    if (pending_.empty()) {
+      cv_.notify_all();  // quiesce() waits for this
+      continue;
+    }
     const Pending& p = *pending_.front();
-    std::string why = host_.abort_reason();
+    if (st != cudaErrorNotReady) {
+      cudaGetLastError();
+      why = detail::cat("the device failed: ", cudaGetErrorString(st));
+    }
     if (why.empty() && Clock::now() >= next_liveness) {
       next_liveness = Clock::now() + std::chrono::milliseconds(100);
       for (int r = 0; r < window_->size() && why.empty(); ++r) {

@@ -52,11 +52,18 @@ class CudaOrdered {
   bool takes_allreduce(RedOp op, int64_t divisor) const;
 
   // Queues the all-reduce of `in` into `out` (both contiguous, on the group's device; `in` may be
-  // `out`) on `comm` after `caller`'s work, and returns its Work. `outputs`: what result() gives.
+  // `out`) on `comm` after `caller`'s work, and returns its Work, whose result() and future give
+  // `result` (the caller's tensor).
   c10::intrusive_ptr<c10d::Work> allreduce(const char* name, uint64_t seq, int rank,
-                                           const at::Tensor& in, const at::Tensor& out, DType t,
-                                           RedOp op, std::chrono::milliseconds timeout,
+                                           const at::Tensor& in, const at::Tensor& out,
+                                           const at::Tensor& result, DType t, RedOp op,
+                                           std::chrono::milliseconds timeout,
                                            c10::cuda::CUDAStream comm, c10::cuda::CUDAStream caller);
+  // Returns once no op is in flight: each has ended on the device or failed (then its waits were
+  // released). Before the group's window goes away.
+  void quiesce();
+  // The window's memory stays allocated when this goes (DeviceWindow::keep_memory).
+  void keep_window_memory();
 
   // Why the window was aborted, or "" (then later ops fail at their call).
   std::string abort_reason() const;

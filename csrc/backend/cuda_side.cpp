@@ -1,6 +1,7 @@
 #include "backend/cuda_side.h"
 
 #include "algo/collectives.h"
+#include "algo/messages.h"
 
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -9,6 +10,7 @@
 
 #include <mutex>
 #include <optional>
+#include <thread>
 
 #include "backend/cuda_ordered.h"
 #include "backend/store_bootstrap.h"
@@ -16,7 +18,6 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "reduce/reduce_cuda.h"
-#include "algo/messages.h"
 #include "transport/cuda_ipc/cuda_ipc_transport.h"
 #include "transport/cuda_ipc/device_window.h"
 
@@ -127,8 +128,30 @@ CudaSide::CudaSide(c10::intrusive_ptr<c10d::Store> store, std::string prefix, in
                                    std::move(finished))) {}
 
 CudaSide::~CudaSide() {
-  // The ordered ops' watchdog first: it may still abort through the transports.
-  impl_->ordered.reset();
+  Impl& m = *impl_;
+  if (!m.ordered) return;
+  // The stream-ordered ops end first (or fail, their waits released), and the group's stream
+  // with them, so that nothing of this rank touches a peer's window any more. A rank's window is
+  // freed only once every rank has got that far: freeing memory that another process still maps
+  // is undefined. Ranks that do not all get there within a few seconds (one died, or destroys its
+  // group much later) leave their windows to the process's end.
+  bool everyone = false;
+  try {
+    m.ordered->quiesce();
+    c10::cuda::CUDAGuard guard(*m.device);
+    cudaStreamSynchronize(m.comm->stream());
+    StoreBootstrap bs(m.store);
+    const std::string key = m.prefix + "cuda/win/closing";
+    bs.add(key, 1);
+    const Deadline dl = Deadline::after(std::chrono::seconds(5));
+    while (!(everyone = bs.add(key, 0) >= m.size) && !dl.passed()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  } catch (...) {
+    // The store may be gone with rank 0's process: then the window stays.
+  }
+  if (!everyone) m.ordered->keep_window_memory();
+  m.ordered.reset();
 }
 
 c10::cuda::CUDAStream CudaSide::comm_stream(const char* op, const c10::Device& device) {
@@ -164,13 +187,13 @@ bool CudaSide::takes_ordered_allreduce(const char* op, const c10::Device& device
 
 c10::intrusive_ptr<c10d::Work> CudaSide::ordered_allreduce(const char* op, uint64_t seq,
                                                            const at::Tensor& in, const at::Tensor& out,
-                                                           DType t, RedOp red,
+                                                           const at::Tensor& result, DType t, RedOp red,
                                                            std::chrono::milliseconds timeout) {
   Impl& m = *impl_;
   const c10::Device device = out.device();
   c10::cuda::CUDAStream comm = comm_stream(op, device);
   c10::cuda::CUDAGuard guard(device);
-  return m.ordered->allreduce(op, seq, m.rank, in, out, t, red, timeout, comm,
+  return m.ordered->allreduce(op, seq, m.rank, in, out, result, t, red, timeout, comm,
                               c10::cuda::getCurrentCUDAStream(device.index()));
 }
 

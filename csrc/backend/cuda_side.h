@@ -67,10 +67,10 @@ class CudaSide {
   // Sets the device transport up at the group's first CUDA op, as prepare() does.
   bool takes_ordered_allreduce(const char* op, const c10::Device& device, RedOp red, int64_t divisor);
   // Queues that all-reduce of `in` into `out` (contiguous; `in` may be `out`) after the caller's
-  // current stream, and returns its Work.
+  // current stream, and returns its Work, whose result is `result` (the caller's tensor).
   c10::intrusive_ptr<c10d::Work> ordered_allreduce(const char* op, uint64_t seq, const at::Tensor& in,
-                                                   const at::Tensor& out, DType t, RedOp red,
-                                                   std::chrono::milliseconds timeout);
+                                                   const at::Tensor& out, const at::Tensor& result,
+                                                   DType t, RedOp red, std::chrono::milliseconds timeout);
 
   // "cuda_ipc" or "staged" once the first CUDA op set the transport up, "" before.
   std::string transport_name() const;

@@ -367,6 +367,26 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// dst = src, `bytes` of them, in 16-byte units when both are 16-byte aligned (`wide`), else in
+// bytes; nothing when `abort` reads nonzero as the kernel starts (reduce_inputs_kernel's rule).
+__global__ void __launch_bounds__(kThreads)
+    copy_unless_kernel(uint8_t* dst, const uint8_t* src, size_t bytes, bool wide,
+                       const volatile uint32_t* abort) {
+  __shared__ uint32_t aborted;
+  if (threadIdx.x == 0) aborted = *abort;
+  __syncthreads();
+  if (aborted) return;
+  const size_t tid = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  if (wide) {
+    const size_t n = bytes / 16;
+    for (size_t i = tid; i < n; i += stride)
+      __stwb(reinterpret_cast<uint4*>(dst) + i, reinterpret_cast<const uint4*>(src)[i]);
+    return;
+  }
+  for (size_t i = tid; i < bytes; i += stride) dst[i] = src[i];
+}
+
 // dst[i] = f(src[i]), laid out as reduce_kernel. dst may be src.
 template <class K, class F, bool Wide16>
 __global__ void __launch_bounds__(kThreads)
@@ -652,6 +672,26 @@ void divide(void* dst, const void* src, size_t n, DType t, int64_t divisor, Stre
   const cudaError_t err = cudaGetLastError();
   RR_CHECK(err == cudaSuccess, "ringreduce cuda divide (", dtype_name(t), " by ", divisor, ", ", n,
            " elements): kernel launch failed: ", cudaGetErrorString(err));
+}
+
+void copy_unless(void* dst, const void* src, size_t bytes, const volatile uint32_t* abort, Stream s) {
+  if (bytes == 0 || dst == src) return;
+  RR_CHECK(dst && src && abort, "ringreduce cuda copy_unless: null buffer for ", bytes, " bytes");
+  const auto pd = reinterpret_cast<uintptr_t>(dst);
+  const auto ps = reinterpret_cast<uintptr_t>(src);
+  RR_CHECK(pd + bytes <= ps || ps + bytes <= pd, "ringreduce cuda copy_unless: buffers overlap (", dst,
+           " and ", src, ", ", bytes, " bytes)");
+  const bool wide = pd % 16 == 0 && ps % 16 == 0 && bytes % 16 == 0;
+  const auto kernel = copy_unless_kernel;
+  const size_t items = wide ? bytes / 16 : bytes;
+  const size_t want = std::max<size_t>(1, (items + kThreads - 1) / kThreads);
+  const unsigned grid = static_cast<unsigned>(
+      std::min<size_t>(want, size_t(resident_blocks(reinterpret_cast<const void*>(kernel)))));
+  kernel<<<grid, kThreads, 0, s>>>(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), bytes,
+                                  wide, abort);
+  const cudaError_t err = cudaGetLastError();
+  RR_CHECK(err == cudaSuccess, "ringreduce cuda copy_unless (", bytes,
+           " bytes): kernel launch failed: ", cudaGetErrorString(err));
 }
 
 void copy(void* dst, const void* src, size_t bytes, Stream s) {

@@ -32,6 +32,9 @@ void reduce_inputs(void* dst, const void* const* in, int nin, size_t n, DType t,
 void divide(void* dst, const void* src, size_t n, DType t, int64_t divisor, Stream s);
 // Device-to-device copy of `bytes`, queued on `s`.
 void copy(void* dst, const void* src, size_t bytes, Stream s);
+// The same as a kernel that copies nothing when `abort` (device-readable) reads nonzero as it
+// starts: a staging copy queued behind a wait that an abort released.
+void copy_unless(void* dst, const void* src, size_t bytes, const volatile uint32_t* abort, Stream s);
 
 // The ring's kernels for buffers on one device, queued on one stream (owned by the caller).
 class CudaKernels final : public Kernels {

@@ -69,12 +69,23 @@ DeviceWindow::DeviceWindow(Bootstrap& bs, const std::string& prefix, int rank, i
   std::string why = size > kMaxRanks ? detail::cat("a group of ", size, " ranks (a window serves at most ",
                                                    kMaxRanks, ")")
                                      : mem_ops().why;
+  // The abort stream first: the control page is cleared on it, and waited for, before any peer
+  // can learn the page's handle (a clear queued on the legacy default stream could run after a
+  // peer's first post, behind whatever the caller's work left there).
+  if (why.empty()) {
+    cudaStream_t s = nullptr;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+      why = detail::cat("rank ", rank, " could not create a stream: ", cudaGetErrorString(cudaGetLastError()));
+    }
+    side_ = s;
+  }
   cudaIpcMemHandle_t handle{};
   if (why.empty()) {
     void* mem = nullptr;
     const size_t bytes = kControlBytes + 2 * slot_bytes;
     cudaError_t err = cudaMalloc(&mem, bytes);
-    if (err == cudaSuccess) err = cudaMemset(mem, 0, kControlBytes);
+    if (err == cudaSuccess) err = cudaMemsetAsync(mem, 0, kControlBytes, side_);
+    if (err == cudaSuccess) err = cudaStreamSynchronize(side_);
     if (err == cudaSuccess) err = cudaIpcGetMemHandle(&handle, mem);
     own_ = static_cast<uint8_t*>(mem);
     if (err != cudaSuccess) {
@@ -82,13 +93,6 @@ DeviceWindow::DeviceWindow(Bootstrap& bs, const std::string& prefix, int rank, i
       why = detail::cat("rank ", rank, " could not set up its ", bytes >> 20, " MiB device window on cuda:",
                         device, ": ", cudaGetErrorString(err));
     }
-  }
-  if (why.empty()) {
-    cudaStream_t s = nullptr;
-    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
-      why = detail::cat("rank ", rank, " could not create a stream: ", cudaGetErrorString(cudaGetLastError()));
-    }
-    side_ = s;
   }
   bs.set(prefix + "handle/" + std::to_string(rank), why.empty() ? ipc::to_hex(&handle, sizeof handle) : "");
   for (int p = 0; p < size && why.empty(); ++p) {
@@ -131,7 +135,9 @@ DeviceWindow::~DeviceWindow() {
     for (uint8_t* p : peers_) {
       if (p != nullptr) cudaIpcCloseMemHandle(p);
     }
-    cudaFree(own_);
+    // Freed only once every peer has closed its mapping (keep_memory() otherwise): freeing memory
+    // that another process still maps is undefined.
+    if (free_own_) cudaFree(own_);
     cudaStreamDestroy(side_);
   } catch (...) {
     // A destructor reports nothing: the device is going away with the process or the group.
@@ -166,9 +172,18 @@ const volatile uint32_t* DeviceWindow::abort_word() const {
 
 void DeviceWindow::abort(uint32_t through) {
   ipc::DeviceScope scope(device_, rank_);
+  // Every rank's abort word, this one's first: kernels and staging copies queued behind a wait
+  // read it, here and on the peers, whose own waits may pass on what this rank still posts.
   check_driver(mem_ops().write(side_, reinterpret_cast<CUdeviceptr>(own_ + kAbortOffset), 1,
                                CU_STREAM_WRITE_VALUE_DEFAULT),
                "cuStreamWriteValue32 (abort)", rank_);
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    check_driver(mem_ops().write(side_, reinterpret_cast<CUdeviceptr>(peers_[p] + kAbortOffset), 1,
+                                 CU_STREAM_WRITE_VALUE_DEFAULT),
+                 "cuStreamWriteValue32 (abort)", rank_);
+  }
+  // Then this rank's own waits pass.
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
     const auto addr = reinterpret_cast<CUdeviceptr>(own_ + static_cast<size_t>(p) * kCounterStride);

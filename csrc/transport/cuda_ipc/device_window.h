@@ -9,9 +9,10 @@
 // the host queues, returns, and never waits for a peer (measured on one H100/H200 with 2 ranks:
 // docs/gpu.md).
 //
-// Every wait a rank queues is on its own memory, so abort() can release them from the host side
-// without touching a peer's state; the kernels queued behind a released wait read abort_word()
-// and write nothing.
+// Every wait a rank queues is on its own memory, so abort() can release them from the host side;
+// the copies and kernels queued behind a released wait read abort_word() and write nothing, and
+// abort() sets the peers' abort words too, so that what this rank still posts lets no peer reduce
+// a slot this rank no longer fills.
 #pragma once
 
 #include <cstddef>
@@ -51,9 +52,14 @@ class DeviceWindow {
   void wait_peers(uint32_t seq, CUstream_st* s);
   // Device address of this rank's abort word (0 until abort()).
   const volatile uint32_t* abort_word() const;
-  // From any host thread: sets the abort word, then lets every wait this rank has queued up to
-  // `through` pass. Queued on a stream of its own, so it runs while the ops' stream is blocked.
+  // From any host thread: sets this rank's abort word and every peer's, then lets every wait this
+  // rank has queued up to `through` pass. Queued on a stream of its own, so it runs while the ops'
+  // stream is blocked (unless the device runs all streams through one queue:
+  // CUDA_DEVICE_MAX_CONNECTIONS=1).
   void abort(uint32_t through);
+  // The destructor then leaves this rank's allocation to the process's end: a peer may still map
+  // it (the group's closing barrier did not complete).
+  void keep_memory() { free_own_ = false; }
 
  private:
   uint8_t* base(int r) const { return r == rank_ ? own_ : peers_[r]; }
@@ -65,6 +71,7 @@ class DeviceWindow {
   uint8_t* own_ = nullptr;       // cudaMalloc'ed here
   std::vector<uint8_t*> peers_;  // opened through IPC here
   CUstream_st* side_ = nullptr;  // abort()'s stream
+  bool free_own_ = true;
 };
 
 }  // namespace ringreduce
