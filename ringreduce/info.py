@@ -8,7 +8,7 @@ Paste it into a bug report.
 
 ``python -m ringreduce.info --knobs`` lists every knob instead, with its default and meaning (the
 table in csrc/backend/knobs.h; docs/knobs.md says more); ``--algorithms`` every algorithm that
-RINGREDUCE_ALGO can name, with the collectives it serves (the list in csrc/algo/select.h;
+RINGREDUCE_ALGO can name, with the collectives it serves (the list in csrc/common/algos.h;
 docs/algorithms.md says more).
 """
 

@@ -24,7 +24,7 @@ SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[Heal
 # struct layouts of the wire format (little-endian, as on every host ringreduce runs on).
 HELLO = struct.Struct("<QIiiIIIQQ16s")  # magic version rank world socket sockets reserved group slot secret
 HEAD = struct.Struct("<II")
-MSG = struct.Struct("<QQQIBBh")  # seq count bytes kind dtype redop root
+MSG = struct.Struct("<QQQHBBBBh")  # seq count bytes kind algo spare dtype redop root
 STATE = struct.Struct("<QiI")
 
 U32 = st.integers(0, 2**32 - 1)

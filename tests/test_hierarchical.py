@@ -200,3 +200,6 @@ def test_ranks_that_chose_differently_fail_as_a_desync(tmp_path, backend):
         assert "allreduce #1" in err and ("called different collectives" in err or "aborted" in err), why
         assert results[rank]["t_error"] - start < 45, why
     assert any("called different collectives" in results[r]["error"] for r in range(world)), why
+    # The headers carry the algorithm that sent them, and the error names it.
+    assert any("called different collectives" in results[r]["error"] and "by hierarchical" in results[r]["error"]
+               for r in range(world)), why

@@ -210,7 +210,7 @@ def test_a_rank_whose_agreed_knob_differs_from_rank0s_is_warned(tmp_path, standi
 
 
 def test_the_algorithm_list_the_knob_text_and_the_docs_agree(knobs):
-    """One list of algorithms (csrc/algo/select.h, as ringreduce._C.algorithms()): RINGREDUCE_ALGO's
+    """One list of algorithms (csrc/common/algos.h, as ringreduce._C.algorithms()): RINGREDUCE_ALGO's
     text in the knob table and in docs/knobs.md names each of them, docs/algorithms.md's table
     is that list row for row, and info --algorithms prints them."""
     from ringreduce import load_extension

@@ -8,15 +8,15 @@ namespace ringreduce {
 
 namespace {
 
-// The fingerprint of a window op: as the ring's messages carry it, with the algorithm in `bytes`
-// so that ranks that chose differently (a configuration they do not share) fail as a desync.
+// The fingerprint of a window op: as the ring's messages carry it, with its own algorithm, so
+// that ranks that chose differently (a configuration they do not share) fail as a desync.
 MsgHeader window_fp(const OpContext& ctx, OpKind kind, size_t count, DType t, RedOp op,
                     int64_t divisor, int root, Algo a) {
   MsgHeader h;
   h.seq = ctx.seq;
   h.count = count;
-  h.bytes = static_cast<uint64_t>(a);
-  h.kind = static_cast<uint32_t>(kind);
+  h.kind = static_cast<uint16_t>(kind);
+  h.algo = static_cast<uint8_t>(a);
   h.dtype = static_cast<uint8_t>(t);
   h.redop = Messages::redop_code(op, divisor);
   h.root = static_cast<int16_t>(root);
@@ -47,10 +47,10 @@ void Collectives::allreduce(const void* in, void* out, size_t count, DType t, Re
   const Algo a = algorithm(OpKind::Allreduce, count * dtype_size(t));
   if (a == Algo::Ring) return ring_.allreduce(in, out, count, t, op, divisor, ctx, dl);
   if (a == Algo::Hierarchical) {
-    // The ring's fingerprint, with the algorithm in the root field (an all-reduce has no root):
-    // ranks that chose differently fail as a desync.
+    // The ring's fingerprint, with its own algorithm: ranks that chose differently fail as a
+    // desync.
     MsgHeader fp = msgs_.fingerprint(ctx, OpKind::Allreduce, count, t, Messages::redop_code(op, divisor), -1);
-    fp.root = static_cast<int16_t>(-1 - static_cast<int>(Algo::Hierarchical));
+    fp.algo = static_cast<uint8_t>(Algo::Hierarchical);
     return hier_->allreduce(in, out, count, t, op, divisor, fp, ctx, dl);
   }
   const MsgHeader fp = window_fp(ctx, OpKind::Allreduce, count, t, op, divisor, -1, a);

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "algo/slicing.h"
+#include "common/algos.h"
 #include "common/error.h"
 
 namespace ringreduce {
@@ -22,7 +23,8 @@ MsgHeader Messages::fingerprint(const OpContext& ctx, OpKind kind, size_t count,
   MsgHeader h;
   h.seq = ctx.seq;
   h.count = count;
-  h.kind = static_cast<uint32_t>(kind);
+  h.kind = static_cast<uint16_t>(kind);
+  h.algo = static_cast<uint8_t>(Algo::Ring);
   h.dtype = static_cast<uint8_t>(t);
   h.redop = redop;
   h.root = static_cast<int16_t>(root);

@@ -390,7 +390,7 @@ bool P2p::feed_peer(int p) {
     MsgHeader h;
     h.seq = c.seq;
     h.count = c.count;
-    h.kind = static_cast<uint32_t>(c.kind);
+    h.kind = static_cast<uint16_t>(c.kind);
     h.dtype = c.dtype;
     if (c.kind == OpKind::P2pReady) {
       const int64_t tag = c.tag;
@@ -413,7 +413,7 @@ bool P2p::feed_peer(int p) {
     h.seq = r->seq;
     h.count = r->offset;
     h.bytes = n;
-    h.kind = static_cast<uint32_t>(OpKind::P2pData);
+    h.kind = static_cast<uint16_t>(OpKind::P2pData);
     h.dtype = r->dtype;
     t_.send_end(p, h);
     r->offset += n;

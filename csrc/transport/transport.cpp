@@ -1,5 +1,7 @@
 #include "transport/transport.h"
 
+#include "common/algos.h"
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -134,12 +136,15 @@ std::string describe_op(const MsgHeader& h) {
                      (h.redop & 0x80) ? ", averaged" : "", ")");
   }
   if (h.root >= 0) s += detail::cat(" from root ", h.root);
+  // The ring is what carries an op unless the header says otherwise.
+  const auto a = static_cast<Algo>(h.algo);
+  if (a != Algo::Auto && a != Algo::Ring) s += detail::cat(" by ", algo_name(a));
   return s;
 }
 
 bool same_op(const MsgHeader& a, const MsgHeader& b) {
-  return a.seq == b.seq && a.kind == b.kind && a.count == b.count && a.dtype == b.dtype &&
-         a.redop == b.redop && a.root == b.root;
+  return a.seq == b.seq && a.kind == b.kind && a.algo == b.algo && a.count == b.count &&
+         a.dtype == b.dtype && a.redop == b.redop && a.root == b.root;
 }
 
 }  // namespace ringreduce

@@ -46,7 +46,9 @@ struct MsgHeader {
   uint64_t seq = 0;     // op sequence number in the group
   uint64_t count = 0;   // element count of the op (per rank)
   uint64_t bytes = 0;   // payload bytes of this message
-  uint32_t kind = 0;    // OpKind
+  uint16_t kind = 0;    // OpKind
+  uint8_t algo = 0;     // Algo (common/algos.h) that carries the op; 0 (Auto): point-to-point
+  uint8_t spare = 0;    // 0
   uint8_t dtype = 0;    // DType
   uint8_t redop = 0;    // RedOp (0 where the op has none)
   int16_t root = -1;    // root rank, -1 where the op has none
