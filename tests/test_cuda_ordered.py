@@ -50,7 +50,7 @@ def _rank_wait_is_stream_ordered(ctx):
     dist.barrier(group=ctx.gloo)
     x.fill_(float(ctx.rank + 1))
     # The caller's stream stays busy for a while (~0.1 s) before the op's input is ready.
-    torch.cuda._sleep(200_000_000)
+    torch.cuda._sleep(200_000_000)  # sleep-ok: GPU busy time (cycles), no host wait
     work = dist.all_reduce(x, group=ctx.group, async_op=True)
     t0 = time.perf_counter()
     work.wait()
