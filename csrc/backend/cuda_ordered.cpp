@@ -229,7 +229,7 @@ std::string CudaOrdered::abort_reason() const {
   return aborted_;
 }
 
-void CudaOrdered::abort(const std::string& why) {
+void CudaOrdered::abort(const std::string& why) {  // exit-ok: ends the group's device ops, not the process
   std::lock_guard<std::mutex> lock(mu_);
   fail_all(why);
 }
@@ -245,7 +245,7 @@ void CudaOrdered::fail_all(const std::string& why) {
   if (aborted_.empty()) {
     aborted_ = why;
     try {
-      window_->abort(oneshot_.last_seq());
+      window_->abort(oneshot_.last_seq());  // exit-ok: the window's, not the process
     } catch (const std::exception& e) {
       log::note(window_->rank(), detail::cat("could not release the device's queued waits: ", e.what()));
     }

@@ -68,7 +68,7 @@ class CudaOrdered {
   // Why the window was aborted, or "" (then later ops fail at their call).
   std::string abort_reason() const;
   // Aborts from outside (the group's abort): as the watchdog does, with `why`.
-  void abort(const std::string& why);
+  void abort(const std::string& why);  // exit-ok: the group's, not the process
 
  private:
   struct Pending;

@@ -246,7 +246,7 @@ std::string CudaSide::transport_name() const {
 
 void CudaSide::abort_group(const std::string& why) {
   if (impl_->ipc) impl_->ipc->abort_group(why);
-  if (impl_->ordered) impl_->ordered->abort(why);
+  if (impl_->ordered) impl_->ordered->abort(why);  // exit-ok: the group's device ops
 }
 
 std::vector<std::string> CudaSide::linked_segments() const {

@@ -311,6 +311,15 @@ __global__ void __launch_bounds__(kThreads)
 // and reads nonzero at the start, nothing is written: a group aborted while the kernel was queued
 // (a peer died before its input was there) leaves the caller's output as it was.
 constexpr int kMaxInputs = 8;
+// Whether `abort` (null: never) reads nonzero as the block starts; read once per block, by its
+// first thread, so that every thread of a block does the same.
+__device__ __forceinline__ bool block_sees_abort(const volatile uint32_t* abort) {
+  if (!abort) return false;
+  __shared__ uint32_t aborted;
+  if (threadIdx.x == 0) aborted = *abort;
+  __syncthreads();
+  return aborted != 0;
+}
 template <class S>
 struct Inputs {
   const S* p[kMaxInputs];
@@ -322,12 +331,7 @@ __global__ void __launch_bounds__(kThreads)
   using S = typename K::Store;
   constexpr int V = Wide16 ? int(16 / sizeof(S)) : 1;
   using P = Pack<S, V, Wide16>;
-  if (abort) {
-    __shared__ uint32_t aborted;
-    if (threadIdx.x == 0) aborted = *abort;
-    __syncthreads();
-    if (aborted) return;
-  }
+  if (block_sees_abort(abort)) return;
   const size_t tid = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const size_t stride = size_t(gridDim.x) * blockDim.x;
   S* const d = dst + head;
@@ -372,10 +376,7 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     copy_unless_kernel(uint8_t* dst, const uint8_t* src, size_t bytes, bool wide,
                        const volatile uint32_t* abort) {
-  __shared__ uint32_t aborted;
-  if (threadIdx.x == 0) aborted = *abort;
-  __syncthreads();
-  if (aborted) return;
+  if (block_sees_abort(abort)) return;
   const size_t tid = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const size_t stride = size_t(gridDim.x) * blockDim.x;
   if (wide) {
@@ -683,10 +684,7 @@ void copy_unless(void* dst, const void* src, size_t bytes, const volatile uint32
            " and ", src, ", ", bytes, " bytes)");
   const bool wide = pd % 16 == 0 && ps % 16 == 0 && bytes % 16 == 0;
   const auto kernel = copy_unless_kernel;
-  const size_t items = wide ? bytes / 16 : bytes;
-  const size_t want = std::max<size_t>(1, (items + kThreads - 1) / kThreads);
-  const unsigned grid = static_cast<unsigned>(
-      std::min<size_t>(want, size_t(resident_blocks(reinterpret_cast<const void*>(kernel)))));
+  const unsigned grid = grid_for(reinterpret_cast<const void*>(kernel), wide ? bytes / 16 : bytes);
   kernel<<<grid, kThreads, 0, s>>>(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), bytes,
                                   wide, abort);
   const cudaError_t err = cudaGetLastError();

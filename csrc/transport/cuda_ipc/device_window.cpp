@@ -170,7 +170,7 @@ const volatile uint32_t* DeviceWindow::abort_word() const {
   return reinterpret_cast<const volatile uint32_t*>(own_ + kAbortOffset);
 }
 
-void DeviceWindow::abort(uint32_t through) {
+void DeviceWindow::abort(uint32_t through) {  // exit-ok: releases the window's waits
   ipc::DeviceScope scope(device_, rank_);
   // Every rank's abort word, this one's first: kernels and staging copies queued behind a wait
   // read it, here and on the peers, whose own waits may pass on what this rank still posts.

@@ -56,7 +56,7 @@ class DeviceWindow {
   // rank has queued up to `through` pass. Queued on a stream of its own, so it runs while the ops'
   // stream is blocked (unless the device runs all streams through one queue:
   // CUDA_DEVICE_MAX_CONNECTIONS=1).
-  void abort(uint32_t through);
+  void abort(uint32_t through);  // exit-ok: the window's waits, not the process
   // The destructor then leaves this rank's allocation to the process's end: a peer may still map
   // it (the group's closing barrier did not complete).
   void keep_memory() { free_own_ = false; }
