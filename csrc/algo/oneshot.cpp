@@ -9,11 +9,11 @@ namespace ringreduce::oneshot {
 
 namespace {
 
-// Begins the op, lets `fill` write this rank's contribution, publishes it and waits for every
-// peer's. Returns this rank's buffer.
+// Begins the op with `bytes` of window, lets `fill` write this rank's contribution, publishes it
+// and waits for every peer's. Returns this rank's buffer.
 template <class Fill>
-uint8_t* exchange(const Call& c, Fill&& fill) {
-  uint8_t* mine = c.w.begin(c.fp, c.ctx);
+uint8_t* exchange(const Call& c, size_t bytes, Fill&& fill) {
+  uint8_t* mine = c.w.begin(c.fp, c.ctx, bytes);
   fill(mine);
   c.w.publish();
   c.w.wait_all(c.ctx, c.dl);
@@ -51,14 +51,14 @@ void reduce_all_chunks(const Call& c, void* out, size_t count, DType t, RedOp op
 void allreduce(const Call& c, const void* in, void* out, size_t count, DType t, RedOp op,
                int64_t divisor) {
   const size_t bytes = count * dtype_size(t);
-  exchange(c, [&](uint8_t* mine) { copy(mine, in, bytes, c.stream); });
+  exchange(c, bytes, [&](uint8_t* mine) { copy(mine, in, bytes, c.stream); });
   reduce_all_chunks(c, out, count, t, op, divisor);
 }
 
 void reduce_scatter(const Call& c, const Chunks& in, void* out, size_t count, DType t, RedOp op,
                     int64_t divisor) {
   const size_t bytes = count * dtype_size(t);
-  exchange(c, [&](uint8_t* mine) {
+  exchange(c, bytes * c.size, [&](uint8_t* mine) {
     for (int p = 0; p < c.size; ++p) copy(mine + p * bytes, in.at(p), bytes);
   });
   reduce_chunk(c, out, c.rank, c.rank * bytes, count, t, op, divisor);
@@ -66,7 +66,7 @@ void reduce_scatter(const Call& c, const Chunks& in, void* out, size_t count, DT
 
 void all_gather(const void* in, const Call& c, const Chunks& out, size_t count, DType t) {
   const size_t bytes = count * dtype_size(t);
-  exchange(c, [&](uint8_t* mine) { copy(mine, in, bytes); });
+  exchange(c, bytes, [&](uint8_t* mine) { copy(mine, in, bytes); });
   for (int p = 0; p < c.size; ++p) {
     // Its own chunk from its input, unless the input is that chunk already.
     const void* from = p == c.rank ? in : c.w.buffer(p);
@@ -76,7 +76,7 @@ void all_gather(const void* in, const Call& c, const Chunks& out, size_t count, 
 
 void broadcast(const Call& c, void* buf, size_t count, DType t, int root) {
   const size_t bytes = count * dtype_size(t);
-  exchange(c, [&](uint8_t* mine) {
+  exchange(c, bytes, [&](uint8_t* mine) {
     if (c.rank == root) copy(mine, buf, bytes);
   });
   if (c.rank != root) copy(buf, c.w.buffer(root), bytes);
@@ -85,12 +85,12 @@ void broadcast(const Call& c, void* buf, size_t count, DType t, int root) {
 void reduce(const Call& c, const void* in, void* out, size_t count, DType t, RedOp op,
             int64_t divisor, int root) {
   const size_t bytes = count * dtype_size(t);
-  exchange(c, [&](uint8_t* mine) { copy(mine, in, bytes); });
+  exchange(c, bytes, [&](uint8_t* mine) { copy(mine, in, bytes); });
   if (c.rank == root) reduce_all_chunks(c, out, count, t, op, divisor);
 }
 
 void barrier(const Call& c) {
-  exchange(c, [](uint8_t*) {});
+  exchange(c, 0, [](uint8_t*) {});
 }
 
 }  // namespace ringreduce::oneshot

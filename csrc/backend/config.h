@@ -48,8 +48,8 @@ struct Config {
   // Which algorithm every call takes where it can (RINGREDUCE_ALGO): auto (by size, algo/select.h),
   // ring, oneshot or twoshot.
   Algo algo = Algo::Auto;
-  // Bytes of each of a rank's two shared-window buffers (RINGREDUCE_WINDOW_BYTES): the largest
-  // message the one-shot and two-shot algorithms carry; 0 turns them off.
+  // The largest message, per rank, that the one-shot and two-shot algorithms carry
+  // (RINGREDUCE_WINDOW_BYTES); 0 turns them off. The window's size follows (ShmConfig).
   size_t window_bytes = 1u << 20;
   // How CUDA tensors travel (RINGREDUCE_CUDA_TRANSPORT): "auto" (CUDA IPC where every rank can
   // open every other's device memory, else staged through host memory, said once), "ipc" (fail

@@ -69,7 +69,7 @@ struct Knob {
   X(algo, "RINGREDUCE_ALGO", Choice, "auto",                                                          \
     "auto (by size and layout), ring, oneshot, twoshot or hierarchical")                             \
   X(window_bytes, "RINGREDUCE_WINDOW_BYTES", Bytes, "1M",                                             \
-    "each of a rank's two shared-window buffers (0 turns one-shot and two-shot off)")                \
+    "the largest op, per rank, of the shared window (0 turns one-shot and two-shot off)")            \
   X(fake_hosts, "RINGREDUCE_FAKE_HOSTS", Count, "0",                                                  \
     "cut the group into this many hosts of consecutive ranks that talk over TCP (0: probe)")
 

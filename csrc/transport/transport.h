@@ -72,20 +72,19 @@ struct PeerState {
 };
 
 // Memory that every rank of the group maps, read directly by the peers: what the one-shot and
-// two-shot algorithms (algo/) run on instead of messages. Each rank owns two buffers and window ops
-// use them in turn, so a rank may start op k+1 (writing its other buffer) while a slow peer still
-// reads its buffer of op k; it cannot reach op k+2 before every peer has published op k+1, which
-// each does only once it has finished reading op k. That is why every window op waits for every
-// peer (wait_all), even where the data flows one way: the alternation needs no other handshake.
+// two-shot algorithms (algo/) run on instead of messages. Each op gets a region of its owner's
+// window that does not overlap the region of the op before, so a rank may start op k+1 while a
+// slow peer still reads its region of op k; it cannot reach op k+2 before every peer has published
+// op k+1, which each does only once it has finished reading op k. That is why every window op
+// waits for every peer (wait_all), even where the data flows one way: no other handshake is needed.
 class PeerWindow {
  public:
   virtual ~PeerWindow() = default;
   // Bytes of one buffer: the largest message a window op may carry per rank.
   virtual size_t capacity() const = 0;
-  // Starts this rank's next window op and returns its own buffer for it. `fp` is the op's
-  // fingerprint (a MsgHeader whose `bytes` names the algorithm), which every reader compares
-  // with its own.
-  virtual uint8_t* begin(const MsgHeader& fp, const OpContext& op) = 0;
+  // Starts this rank's next window op and returns its own buffer for it, `bytes` long (at most
+  // capacity()). `fp` is the op's fingerprint, which every reader compares with its own.
+  virtual uint8_t* begin(const MsgHeader& fp, const OpContext& op, size_t bytes) = 0;
   // Rank `rank`'s buffer of the current op (this rank's own included). Only what that rank has
   // published and this rank has waited for may be read.
   virtual const uint8_t* buffer(int rank) const = 0;

@@ -23,12 +23,15 @@ namespace {
 const Algo kAlgos[] = {Algo::Ring, Algo::OneShot, Algo::TwoShot};
 
 // Runs fn(rank, collectives) on n threads, with `algo` forced; returns each rank's error ("" if none).
-std::vector<std::string> run_group(int n, Algo algo, const std::function<void(int, Collectives&)>& fn) {
+// `span`: the window's halves (ShmConfig::window_span), 0 for the default.
+std::vector<std::string> run_group(int n, Algo algo, const std::function<void(int, Collectives&)>& fn,
+                                   size_t window_bytes = 1 << 20, size_t span = 0) {
   MapBootstrap bs;
   ShmConfig cfg;
   cfg.slot_bytes = 4096;  // small slices: the ring runs many of them
   cfg.nslots = 2;
-  cfg.window_bytes = 1 << 20;
+  cfg.window_bytes = window_bytes;
+  cfg.window_span = span;
   std::vector<std::string> errors(n);
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
@@ -171,6 +174,97 @@ RR_TEST(ranks_that_disagree_fail_everywhere_and_write_no_output) {
                     errors[r].find("100") != std::string::npos && errors[r].find("60") != std::string::npos,
                 algo_name(a), " rank ", r, ": ", errors[r]);
       RR_EXPECT(untouched[r], algo_name(a), " rank ", r, ": the output was written");
+    }
+  }
+}
+
+// Each window op's region follows the previous one's, or starts the other half where it does not
+// fit: it never overlaps the previous op's region (which a peer may still read), and stays in the
+// window, whatever the mix of sizes (0 and the whole capacity included).
+RR_TEST(window_regions_never_overlap_the_previous_op) {
+  const size_t cap = 48 * 1024, span = 64 * 1024;
+  const int n = 2;
+  MapBootstrap bs;
+  ShmConfig cfg;
+  cfg.window_bytes = cap;
+  cfg.window_span = span;
+  std::vector<std::string> bad(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        ShmTransport t(bs, incarnation_prefix(bs, r, n, kJoinTimeout), r, n, cfg);
+        PeerWindow* w = t.window();
+        RR_CHECK(w != nullptr, "no window");
+        const uint8_t* lo = nullptr;
+        const uint8_t* prev = nullptr;
+        size_t prev_bytes = 0;
+        uint32_t x = 12345;  // the same sizes on both ranks
+        for (uint64_t seq = 0; seq < 400 && bad[r].empty(); ++seq) {
+          x = x * 1103515245u + 12345u;
+          const size_t choice = (x >> 8) % 6;
+          const size_t bytes = choice == 0 ? 0 : choice == 1 ? cap : ((x >> 12) % cap) & ~size_t(3);
+          MsgHeader fp;
+          fp.seq = seq;
+          fp.count = bytes;
+          const OpContext c = ctx(seq, "window");
+          uint8_t* mine = w->begin(fp, c, bytes);
+          if (lo == nullptr) lo = mine;
+          if (mine < lo || mine + bytes > lo + 2 * span) {
+            bad[r] = rrtest::message("op ", seq, ": region at ", mine - lo, " of ", bytes, " bytes outside the window");
+          } else if (prev != nullptr && mine < prev + prev_bytes && prev < mine + bytes) {
+            bad[r] = rrtest::message("op ", seq, ": region at ", mine - lo, " (", bytes, " bytes) overlaps the previous op's at ",
+                                     prev - lo, " (", prev_bytes, " bytes)");
+          }
+          if (bytes > 0) std::memset(mine, static_cast<int>(seq & 0xff), bytes);
+          w->publish();
+          w->wait_all(c, Deadline::after(milliseconds(20000)));
+          const uint8_t* theirs = w->buffer(1 - r);
+          for (size_t i = 0; i < bytes && bad[r].empty(); i += 61) {
+            if (theirs[i] != static_cast<uint8_t>(seq & 0xff)) bad[r] = rrtest::message("op ", seq, ": byte ", i, " of the peer's region");
+          }
+          prev = mine;
+          prev_bytes = bytes;
+        }
+      } catch (const std::exception& e) {
+        bad[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) RR_EXPECT(bad[r].empty(), "rank ", r, ": ", bad[r]);
+}
+
+// Many all-reduces of mixed sizes, with one rank now and then running behind (so that its peers
+// start the next op while it still reads the last): exact sums, through regions that wrap at
+// every point of a small window.
+RR_TEST(window_ops_of_mixed_sizes_with_a_rank_behind) {
+  for (Algo a : {Algo::OneShot, Algo::TwoShot}) {
+    for (int n : {2, 3}) {
+      std::vector<std::string> bad(n);
+      auto errors = run_group(n, a, [&](int r, Collectives& coll) {
+        uint32_t x = 777;
+        for (uint64_t seq = 0; seq < 300 && bad[r].empty(); ++seq) {
+          x = x * 1103515245u + 12345u;
+          const size_t count = (x >> 9) % (12 * 1024 + 1);  // up to 48 KiB of int32
+          std::vector<int32_t> in(count), out(count, 7);
+          for (size_t i = 0; i < count; ++i) in[i] = input_of(r, i + seq);
+          if ((x >> 3) % n == static_cast<uint32_t>(r)) {
+            volatile uint64_t spin = 0;
+            for (int i = 0; i < 20000; ++i) spin = spin + i;  // this rank runs behind this time
+          }
+          coll.allreduce(in.data(), out.data(), count, DType::Int32, RedOp::Sum, 1, ctx(seq, "allreduce"),
+                         Deadline::after(milliseconds(20000)));
+          for (size_t i = 0; i < count && bad[r].empty(); ++i) {
+            int32_t want = 0;
+            for (int p = 0; p < n; ++p) want += input_of(p, i + seq);
+            if (out[i] != want) bad[r] = rrtest::message("op ", seq, " count=", count, " i=", i, " got ", out[i], " want ", want);
+          }
+        }
+      }, 48 * 1024, 64 * 1024);
+      for (int r = 0; r < n; ++r) {
+        RR_EXPECT(errors[r].empty() && bad[r].empty(), algo_name(a), " world ", n, " rank ", r, ": ", errors[r], bad[r]);
+      }
     }
   }
 }

@@ -180,11 +180,13 @@ struct ShmTransport::Segment {
   char reason[kReasonBytes];
   // Bumped by peers on every message to / slot freed for this rank, where doorbells are on.
   alignas(64) WaitWord doorbell;
-  // The window (PeerWindow): phases published by the owner, the fingerprint of the op each of
-  // its two buffers holds, and whether it waits in a window op now (for a peer that looks for a
-  // desync between a window op and a message op).
+  // The window (PeerWindow): phases published by the owner; for its current and previous op
+  // (by op count modulo 2), the op's fingerprint and where its region starts in the window area;
+  // and whether it waits in a window op now (for a peer that looks for a desync between a window
+  // op and a message op).
   alignas(64) WaitWord wstamp;
   alignas(64) MsgHeader whdr[2];
+  uint64_t wat[2];
   std::atomic<uint32_t> in_window;
 };
 
@@ -218,8 +220,15 @@ ShmTransport::ShmTransport(Bootstrap& bs, const std::string& prefix, int rank, i
   fifo_stride_ = kPage + static_cast<size_t>(cfg.nslots) * slot_stride_;
   segment_bytes_ = kPage + static_cast<size_t>(size) * fifo_stride_;
   window_offset_ = segment_bytes_;
-  window_stride_ = round_up(cfg.window_bytes, kPage);
-  segment_bytes_ += 2 * window_stride_;
+  if (cfg.window_bytes != 0) {
+    // Four of the largest ops per half are enough for those; a small window stays small.
+    const size_t span = cfg.window_span != 0
+                            ? cfg.window_span
+                            : std::min(2 * private_cache_bytes(512 << 10), 4 * cfg.window_bytes);
+    window_half_ = round_up(std::max(cfg.window_bytes, span), kPage);
+  }
+  segment_bytes_ += 2 * window_half_;
+  peer_at_.assign(size, 0);
   bases_.assign(size, nullptr);
   sent_.assign(size, 0);
   received_.assign(size, 0);
@@ -639,22 +648,33 @@ PeerWindow* ShmTransport::window() {
   return this;
 }
 
-uint8_t* ShmTransport::window_buffer(int owner, uint64_t op_index) const {
-  return static_cast<uint8_t*>(bases_[owner]) + window_offset_ + (op_index % 2) * window_stride_;
-}
-
-uint8_t* ShmTransport::begin(const MsgHeader& fp, const OpContext& op) {
+uint8_t* ShmTransport::begin(const MsgHeader& fp, const OpContext& op, size_t bytes) {
+  RR_CHECK(bytes <= cfg_.window_bytes, op_prefix(op.name, op.seq, rank_), "a window op of ", bytes,
+           " bytes, larger than the window (", cfg_.window_bytes, ")");
   Segment* own = segment(rank_);
   enter(op);
   ++window_ops_;
   window_fp_ = fp;
-  // Safe to write before publishing: a peer reads this header only after it has seen this op's
-  // first phase, and no peer still reads the header of op k-2 (see PeerWindow).
+  // The region after the previous op's, or the start of the other half where it does not fit:
+  // never over the previous op's, which a peer may still read (see PeerWindow).
+  if (window_next_ + bytes <= (window_side_ + 1) * window_half_) {
+    window_at_ = window_next_;
+  } else {
+    window_side_ ^= 1;
+    window_at_ = window_side_ * window_half_;
+  }
+  window_next_ = window_at_ + round_up(bytes, 64);
+  // Safe to write before publishing: a peer reads these only after it has seen this op's first
+  // phase, and no peer still reads those of op k-2 (see PeerWindow).
   own->whdr[window_ops_ % 2] = fp;
-  return window_buffer(rank_, window_ops_);
+  own->wat[window_ops_ % 2] = window_at_;
+  return static_cast<uint8_t*>(bases_[rank_]) + window_offset_ + window_at_;
 }
 
-const uint8_t* ShmTransport::buffer(int rank) const { return window_buffer(rank, window_ops_); }
+const uint8_t* ShmTransport::buffer(int rank) const {
+  const size_t at = rank == rank_ ? window_at_ : peer_at_[rank];
+  return static_cast<const uint8_t*>(bases_[rank]) + window_offset_ + at;
+}
 
 void ShmTransport::publish() {
   ++window_stamp_;
@@ -716,6 +736,11 @@ void ShmTransport::wait_all(const OpContext& op, const Deadline& dl) {
     if (!same_op(got, fp) || got.bytes != fp.bytes) {
       differ(p, detail::cat("rank ", p, " is in ", describe_op(got)));
     }
+    // The same op on both sides: the peer's region is as long as this rank's.
+    const size_t at = ps->wat[window_ops_ % 2];
+    RR_CHECK(at + (window_next_ - window_at_) <= 2 * window_half_, op_prefix(op.name, op.seq, rank_),
+             "rank ", p, "'s window region of this op (at ", at, ") lies outside its window");
+    peer_at_[p] = at;
   }
 }
 

@@ -37,9 +37,17 @@ struct ShmConfig {
   // carries only their headers and the FIFO control; a header may then announce up to this many
   // bytes, and slot_bytes can be the minimum.
   size_t external_payload_bytes = 0;
-  // Bytes of each of a rank's two window buffers (PeerWindow), in its segment after the FIFOs;
-  // 0: no window. Offered only when every peer is reachable through shared memory.
+  // The largest window op (PeerWindow), per rank; 0: no window. Offered only when every peer is
+  // reachable through shared memory.
   size_t window_bytes = 0;
+  // Bytes of each of the two halves of a rank's window area, in its segment after the FIFOs (at
+  // least window_bytes); 0: twice the core's private cache (common/machine.h), or four times
+  // window_bytes where that is less.
+  // Successive ops take successive regions of a half, so a region is written again only after
+  // the peers' reads of it have left their private caches: a store to a line that another core
+  // still holds waits for that core to give it up, which made the copy into a window that peers
+  // had just read 2-4x slower than into one they had not (docs/algorithms.md, the shared window).
+  size_t window_span = 0;
   // Segments without a name (memfd) where every rank of the machine is in one PID namespace;
   // false: always named segments in /dev/shm (see the constructor).
   bool anonymous = true;
@@ -137,11 +145,10 @@ class ShmTransport final : public Transport, private PeerWindow {
 
   // PeerWindow, over the window area of every segment.
   size_t capacity() const override { return cfg_.window_bytes; }
-  uint8_t* begin(const MsgHeader& fp, const OpContext& op) override;
+  uint8_t* begin(const MsgHeader& fp, const OpContext& op, size_t bytes) override;
   const uint8_t* buffer(int rank) const override;
   void publish() override;
   void wait_all(const OpContext& op, const Deadline& dl) override;
-  uint8_t* window_buffer(int owner, uint64_t op_index) const;
   // Why `peer` cannot be in the window op `fp` that this rank waits in: a message of another op
   // from it waits in this rank's inbox, or it sleeps waiting for a message from this rank. Empty
   // when neither.
@@ -162,9 +169,13 @@ class ShmTransport final : public Transport, private PeerWindow {
   // nslots) never jumps when a 32-bit count wraps; the shared counters carry the low 32 bits.
   std::vector<uint64_t> sent_;
   std::vector<uint64_t> received_;
-  size_t window_offset_ = 0;   // where the window buffers start in a segment
-  size_t window_stride_ = 0;   // one buffer, page-rounded
-  uint64_t window_ops_ = 0;    // window ops begun here: the current one's buffer is this modulo 2
+  size_t window_offset_ = 0;   // where the window area starts in a segment
+  size_t window_half_ = 0;     // one of its two halves, page-rounded
+  uint64_t window_ops_ = 0;    // window ops begun here: the current one's header is this modulo 2
+  size_t window_side_ = 0;     // the half the current op's region is in
+  size_t window_at_ = 0;       // the current op's region, from window_offset_
+  size_t window_next_ = 0;     // where the next op's region may start (in the current one's half)
+  std::vector<size_t> peer_at_;  // each peer's region of the current op, once waited for
   uint32_t window_stamp_ = 0;  // phases this rank has published (the same count on every rank)
   MsgHeader window_fp_;        // the current window op's fingerprint
   uint64_t yields_to_peer_ = 0;
