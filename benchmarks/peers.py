@@ -13,7 +13,9 @@ In .venv-intel (--intel-root): Intel MPI and oneCCL from their pip packages, eac
 C/C++ driver (benchmarks/peers/) under Intel MPI's own mpiexec; peers_native.py, beside this
 file, builds and launches those. A peer that is not installed is a column of "-" and a header
 line that says why; ringreduce, its direct op (`ringreduce.all_reduce_`, the "rr-direct" column)
-and gloo need nothing but this repository's .venv.
+and gloo need nothing but this repository's .venv. The "rr-c++" column (`--peers` names it `cxx`)
+is the same direct op with its timed calls looped in C++, as the Intel MPI and oneCCL drivers
+loop in C: what the op costs without the Python interpreter's per-call cost.
 
 Why it is built this way:
 - Every backend runs in a launch of its own (its own processes, its own rendezvous), because the
@@ -75,6 +77,8 @@ from peers_ranks import BACKENDS, DTYPES  # noqa: E402
 from peers_report import Results, header, spread, table, write_json  # noqa: E402
 
 DEFAULT_SIZES = ["1K", "8K", "64K", "512K", "1M", "4M", "64M"]
+# What --peers chooses from: the peers, and ringreduce's direct op looped in C++ (rr-c++).
+CHOSEN = ("cxx",) + PEERS
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -93,7 +97,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "each size's best, median and worst launch (default 3; --rounds is the same option)")
     p.add_argument("--seconds", type=float, default=0.2, help="timed seconds per size and launch (default 0.2)")
     p.add_argument("--peers", default="all",
-                   help=f"comma list of {', '.join(PEERS)}; or all (default) or none")
+                   help=f"comma list of {', '.join(CHOSEN)}; or all (default) or none (cxx: ringreduce's "
+                        "direct op looped in C++, the rr-c++ column)")
     p.add_argument("--peers-python", default=DEFAULT_PEERS_PYTHON,
                    help="the python with mpi4py and DeepSpeed (default .venv-peers/bin/python)")
     p.add_argument("--intel-root", default=peers_native.DEFAULT_ROOT,
@@ -120,13 +125,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error(f"--launches (--rounds) must be at least 1, got {args.rounds}")
     chosen = {x.strip() for x in args.peers.split(",") if x.strip()}
     if chosen == {"all"}:
-        args.peers = list(PEERS)
+        args.peers = list(CHOSEN)
     elif chosen == {"none"}:
         args.peers = []
-    elif chosen <= set(PEERS):
-        args.peers = [x for x in PEERS if x in chosen]
+    elif chosen <= set(CHOSEN):
+        args.peers = [x for x in CHOSEN if x in chosen]
     else:
-        p.error(f"--peers takes a comma list of {', '.join(PEERS)}, or all, or none; got {args.peers!r}")
+        p.error(f"--peers takes a comma list of {', '.join(CHOSEN)}, or all, or none; got {args.peers!r}")
     args.command = shlex.join(["python", os.path.relpath(SCRIPT), *argv])
     return args
 
@@ -135,6 +140,7 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     args.started = datetime.datetime.now().isoformat(timespec="seconds")
     peers = {name: Peer(name, sys.executable) for name in ("ringreduce", "direct", "gloo")}
+    peers["cxx"] = Peer("cxx", sys.executable, missing="" if "cxx" in args.peers else "left out by --peers")
     for name in PEERS:
         where = args.intel_root if name in peers_native.NATIVE else args.peers_python
         if name in args.peers:

@@ -31,7 +31,7 @@ SETUP_HINT = "`make bench-peers` sets it up"
 # The backends that are not this repository's, each optional.
 PEERS = ("mpi", "impi", "ccl", "deepspeed")
 # Labels have no spaces: the spread table's rows are read by columns.
-LABELS = {"ringreduce": "ringreduce", "direct": "rr-direct", "mpi": "OpenMPI", "impi": "IntelMPI",
+LABELS = {"ringreduce": "ringreduce", "direct": "rr-direct", "cxx": "rr-c++", "mpi": "OpenMPI", "impi": "IntelMPI",
           "ccl": "oneCCL", "deepspeed": "DeepSpeed", "gloo": "gloo"}
 # A failed launch of one of these ends the run; any other backend's is a column that says why.
 ESSENTIAL = ("ringreduce", "gloo")

@@ -34,7 +34,7 @@ MIN_ITERS = 3
 # Every backend, in the order the table prints its columns; ratios are each one's time over
 # ringreduce's. "direct" is ringreduce too, through its direct op; "impi" and "ccl" are native
 # programs (peers_native.NATIVE), which time themselves with this file's protocol in C.
-BACKENDS = ("ringreduce", "direct", "mpi", "impi", "ccl", "deepspeed", "gloo")
+BACKENDS = ("ringreduce", "direct", "cxx", "mpi", "impi", "ccl", "deepspeed", "gloo")
 # DeepSpeed names each rank's shared workspace after these and never unlinks it (64+ MiB a rank
 # in /dev/shm, which is memory): the launcher removes them after each launch.
 DS_SHM_PREFIX = "deepspeed_allreduce_buffer"
@@ -55,6 +55,8 @@ class Comm:
     allreduce: Callable[[object], None]  # SUM, in place
     barrier: Callable[[], None]
     allmax: Callable[[float], float]
+    # (buffer, n) -> n all-reduces looped inside the backend, where the timed loop is not Python's.
+    loop: Callable[[object, int], None] | None = None
 
 
 def _rank_probe(comm: Comm) -> float:
@@ -89,8 +91,11 @@ def time_sizes(comm: Comm, sizes: list[int], itemsize: int, seconds: float) -> l
         iters = max(MIN_ITERS, math.ceil(seconds / comm.allmax(statistics.median(warm))))
         comm.barrier()
         start = time.perf_counter()
-        for _ in range(iters):
-            comm.allreduce(buf)
+        if comm.loop is not None:
+            comm.loop(buf, iters)
+        else:
+            for _ in range(iters):
+                comm.allreduce(buf)
         mean = comm.allmax((time.perf_counter() - start) / iters)
 
         buf[:] = comm.rank + 1
@@ -193,6 +198,17 @@ def _torch_worker(backend: str, dtype: str, sizes: list[int], seconds: float) ->
             return rank, {"unavailable": "this ringreduce has no direct op (ringreduce.all_reduce_)"}
         # The op's Python wrapper, as a user calls it: sum, the default group.
         comm, _ = _torch_comm(tdtype, ringreduce.all_reduce_)
+    elif backend == "cxx":
+        import ringreduce
+
+        dist.init_process_group("ringreduce")
+        if not hasattr(ringreduce._C, "_time_all_reduce_"):
+            rank = dist.get_rank()
+            dist.destroy_process_group()
+            return rank, {"unavailable": "this ringreduce cannot loop its direct op in C++ (_C._time_all_reduce_)"}
+        # The same op, its timed calls looped in C++ through the dispatcher: the op without Python.
+        comm, _ = _torch_comm(tdtype, ringreduce.all_reduce_)
+        comm.loop = lambda buf, n: ringreduce._C._time_all_reduce_(buf, n, "")
     else:
         if backend == "ringreduce":
             import ringreduce  # noqa: F401  (registers the backend)

@@ -73,12 +73,21 @@ def header(args, peers: dict[str, Peer]) -> list[str]:
     probe = (f"CPU probe, per launch, for the spread table: a pure-Python loop of {PROBE_ITERS} additions run "
              f"{PROBE_CHUNKS} times, the fastest run's ns per iteration, in as many processes at once as the launch "
              "has ranks, the slowest process's; taken just before and just after the timed sizes, the launch's "
-             "probe the slower of the two. Taken in the ranks (after a barrier) for ringreduce, rr-direct, gloo, "
+             "probe the slower of the two. Taken in the ranks (after a barrier) for ringreduce, rr-direct, rr-c++, gloo, "
              "OpenMPI (mpi4py) and DeepSpeed; for Intel MPI and oneCCL (C programs) in min(world, cores) processes "
              "forked by peers.py immediately before and after the launch")
     lines += ["# " + x for x in textwrap.wrap(probe, 118)]
     if peers["direct"].na:
         lines.append(f"# rr-direct: n/a ({peers['direct'].na})")
+    cxx = peers["cxx"]
+    if cxx.missing:
+        lines.append(f"# rr-c++: - ({cxx.missing})")
+    else:
+        lines.append("# rr-c++: the same direct op in a launch of its own, its timed calls looped in C++ "
+                     "(ringreduce._C._time_all_reduce_: torch.ops.ringreduce.all_reduce_ through the dispatcher, "
+                     "as a C++ program calls it), as Intel MPI's and oneCCL's drivers loop in C")
+        if cxx.na:
+            lines.append(f"# rr-c++: n/a ({cxx.na})")
     for name in PEERS:
         peer = peers[name]
         label = LABELS[name]

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "algo/select.h"
+#include "backend/direct_ops.h"
 #include "backend/knobs.h"
 #include "backend/ring_backend.h"
 #include "bucket/buckets.h"
@@ -174,6 +175,10 @@ PYBIND11_MODULE(_C, m) {
         py::arg("op"),
         "dst = a op b with ringreduce's own kernels (CPU, or CUDA on the current stream), for "
         "tests and the kernel benchmark; op is 'sum', 'product', 'min', 'max', 'band', 'bor' or 'bxor'");
+  m.def("_time_all_reduce_", &ringreduce::time_all_reduce, py::arg("tensor"), py::arg("iters"),
+        py::arg("group") = "", py::call_guard<py::gil_scoped_release>(),
+        "Seconds that `iters` calls of torch.ops.ringreduce.all_reduce_(tensor, 'sum', group) take "
+        "when looped in C++ (benchmarks/peers.py's rr-c++ column)");
 #ifdef RINGREDUCE_WITH_CUDA
   m.attr("built_with_cuda") = true;
 #else

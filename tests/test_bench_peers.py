@@ -60,13 +60,14 @@ def parse_tables(stdout, spread=False):
 def test_table_with_ringreduce_and_gloo_only(tmp_path):
     path = tmp_path / "peers.json"
     out = subprocess.run(
-        [sys.executable, SCRIPT, "--peers", "none", "-g", "2", "--sizes", "1K", "64K", "--rounds", "1",
+        [sys.executable, SCRIPT, "--peers", "cxx", "-g", "2", "--sizes", "1K", "64K", "--rounds", "1",
          "--seconds", "0.02", "--timeout", "50", "--json", str(path)],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )
     assert out.returncode == 0, f"stdout:\n{out.stdout}\nstderr:\n{out.stderr[-4000:]}"
     for label in ("OpenMPI", "IntelMPI", "oneCCL", "DeepSpeed"):
         assert f"# {label}: - (left out by --peers)" in out.stdout
+    assert "# rr-c++: the same direct op in a launch of its own, its timed calls looped in C++" in out.stdout
     assert not re.search(r"\b(target|met|issue)\b", out.stdout, re.IGNORECASE), out.stdout
 
     tables = parse_tables(out.stdout)
@@ -77,20 +78,22 @@ def test_table_with_ringreduce_and_gloo_only(tmp_path):
     for r in rows:
         assert len(r) == 3 + 2 * len(peers_ranks.BACKENDS) + len(peers_ranks.BACKENDS) - 1, r
         assert r[2] in ("ring", "oneshot", "twoshot"), r  # ringreduce's algorithm at that size
-        for b in ("ringreduce", "direct", "gloo"):
+        for b in ("ringreduce", "direct", "cxx", "gloo"):
             i = BACKEND_COLUMNS[b]
             assert float(r[i]) > 0 and float(r[i + 1]) > 0, (b, r)
-        assert float(r[RATIO_COLUMNS["gloo"]]) > 0 and float(r[RATIO_COLUMNS["direct"]]) > 0, r
+        for b in ("direct", "cxx", "gloo"):
+            assert float(r[RATIO_COLUMNS[b]]) > 0, (b, r)
         for b in peers_launch.PEERS:
             i = BACKEND_COLUMNS[b]
             assert r[i] == r[i + 1] == r[RATIO_COLUMNS[b]] == "-", (b, r)
-    assert re.search(r"^# world 2, 1KiB\.\.64KiB: ringreduce time = [\d.e+-]+x rr-direct's, [\d.e+-]+x gloo's$",
+    assert re.search(r"^# world 2, 1KiB\.\.64KiB: ringreduce time = [\d.e+-]+x rr-direct's, [\d.e+-]+x rr-c\+\+'s, "
+                     r"[\d.e+-]+x gloo's$",
                      out.stdout, re.M), out.stdout
 
     doc = json.loads(path.read_text())
     records = {(r["backend"], r["bytes"]): r for r in doc["results"]}
     assert len(records) == 2 * len(peers_ranks.BACKENDS)
-    for b in ("ringreduce", "direct", "gloo"):
+    for b in ("ringreduce", "direct", "cxx", "gloo"):
         for n in (1024, 65536):
             r = records[(b, n)]
             assert r["world"] == 2 and r["time_us"] > 0 and r["busbw_GBps"] > 0 and len(r["rounds_us"]) == 1
@@ -132,7 +135,7 @@ def test_launches_print_the_spread(tmp_path):
     assert 0 < float(m.group(1)) <= float(m.group(2)) <= float(m.group(3)), m.group(0)
     said = " ".join(x[2:] for x in out.stdout.splitlines() if x.startswith("# "))
     assert ("the launch's probe the slower of the two. Taken in the ranks (after a barrier) for ringreduce, "
-            "rr-direct, gloo, OpenMPI (mpi4py) and DeepSpeed; for Intel MPI and oneCCL (C programs) in min(world, "
+            "rr-direct, rr-c++, gloo, OpenMPI (mpi4py) and DeepSpeed; for Intel MPI and oneCCL (C programs) in min(world, "
             "cores) processes forked by peers.py") in said, out.stdout
     for b in ("ringreduce", "rr-direct", "gloo"):
         assert re.search(rf"^# world 2, {b}: spread over 2 launches: 1KiB worst/best = [\d.]+, 4KiB worst/best = "
@@ -204,13 +207,14 @@ def test_parse_args_launches_is_rounds(capsys):
 
 def test_parse_args_sizes_and_peers():
     args = peers.parse_args([])
-    assert args.nproc == [2, 4] and args.rounds == 3 and args.peers == ["mpi", "impi", "ccl", "deepspeed"]
+    assert args.nproc == [2, 4] and args.rounds == 3 and args.peers == ["cxx", "mpi", "impi", "ccl", "deepspeed"]
     assert args.sizes == [1 << 10, 8 << 10, 64 << 10, 512 << 10, 1 << 20, 4 << 20, 64 << 20]
     assert peers.parse_args(["-b", "1K", "-e", "64M", "-f", "8"]).sizes == [1 << 10, 8 << 10, 64 << 10,
                                                                          512 << 10, 4 << 20, 32 << 20]
     assert peers.parse_args(["--peers", "deepspeed"]).peers == ["deepspeed"]
     assert peers.parse_args(["--peers", "ccl,impi"]).peers == ["impi", "ccl"]
     assert peers.parse_args(["--peers", "none"]).peers == []
+    assert peers.parse_args(["--peers", "impi,cxx"]).peers == ["cxx", "impi"]
     for bad in (["--peers", "nccl"], ["--sizes", "1K", "-b", "1K"], ["-g", "1"], ["-d", "bfloat16", "--sizes", "1"]):
         with pytest.raises(SystemExit):
             peers.parse_args(bad)
@@ -296,7 +300,7 @@ def test_missing_native_peer_is_a_dash_with_the_reason(tmp_path):
         assert peer.missing.startswith("not installed: no ") and "`make bench-peers` sets up" in peer.missing, peer
         assert not peer.runs
     every = {b: peers_launch.Peer(b, "python", missing="left out by --peers") for b in peers_launch.PEERS}
-    every |= {b: peers_launch.Peer(b, "python") for b in peers_launch.ESSENTIAL + ("direct",)} | found
+    every |= {b: peers_launch.Peer(b, "python") for b in peers_launch.ESSENTIAL + ("direct", "cxx")} | found
     head = peers_report.header(args, every)
     for name in native.NATIVE:
         assert f"# {peers_launch.LABELS[name]}: - ({found[name].missing})" in head

@@ -15,8 +15,12 @@
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <chrono>
 #include <string>
 
+#include "backend/direct_ops.h"
 #include "backend/ring_backend.h"
 #include "common/error.h"
 
@@ -89,6 +93,16 @@ void all_reduce_meta(at::Tensor, c10::string_view, c10::string_view) {}
 void all_gather_into_tensor_meta(at::Tensor, const at::Tensor&, c10::string_view) {}
 
 }  // namespace
+
+double time_all_reduce(at::Tensor t, int64_t iters, const std::string& group) {
+  TORCH_CHECK(iters >= 0, "ringreduce time_all_reduce: iters must be >= 0, got ", iters);
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("ringreduce::all_reduce_", "")
+                             .typed<void(at::Tensor, c10::string_view, c10::string_view)>();
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < iters; ++i) op.call(t, "sum", group);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
 
 }  // namespace ringreduce
 
