@@ -179,8 +179,8 @@ RR_TEST(ranks_that_disagree_fail_everywhere_and_write_no_output) {
 }
 
 // Each window op's region follows the previous one's, or starts the other half where it does not
-// fit: it never overlaps the previous op's region (which a peer may still read), and stays in the
-// window, whatever the mix of sizes (0 and the whole capacity included).
+// fit (or is small): it never overlaps the previous op's region (which a peer may still read), and
+// stays in the window, whatever the mix of sizes (0 and the whole capacity included).
 RR_TEST(window_regions_never_overlap_the_previous_op) {
   const size_t cap = 48 * 1024, span = 64 * 1024;
   const int n = 2;
@@ -203,7 +203,12 @@ RR_TEST(window_regions_never_overlap_the_previous_op) {
         for (uint64_t seq = 0; seq < 400 && bad[r].empty(); ++seq) {
           x = x * 1103515245u + 12345u;
           const size_t choice = (x >> 8) % 6;
-          const size_t bytes = choice == 0 ? 0 : choice == 1 ? cap : ((x >> 12) % cap) & ~size_t(3);
+          // The first op takes the window's start: where the others are measured from.
+          const size_t bytes = seq == 0      ? cap
+                               : choice == 0 ? 0
+                               : choice == 1 ? cap
+                               : choice == 2 ? ((x >> 12) % 4096) & ~size_t(3)  // below the moving size
+                                             : ((x >> 12) % cap) & ~size_t(3);
           MsgHeader fp;
           fp.seq = seq;
           fp.count = bytes;

@@ -27,6 +27,8 @@ namespace {
 
 constexpr uint64_t kMagic = 0x7272696e67726564ULL;  // "rringred"
 constexpr size_t kPage = 4096;
+// Window ops smaller than this do not move through the window (ShmTransport::begin).
+constexpr size_t kWindowMoveMinBytes = 4096;
 constexpr size_t kSlotHeaderBytes = 64;  // MsgHeader, padded so payloads start 64-byte aligned
 constexpr size_t kReasonBytes = 2048;
 
@@ -656,8 +658,10 @@ uint8_t* ShmTransport::begin(const MsgHeader& fp, const OpContext& op, size_t by
   ++window_ops_;
   window_fp_ = fp;
   // The region after the previous op's, or the start of the other half where it does not fit:
-  // never over the previous op's, which a peer may still read (see PeerWindow).
-  if (window_next_ + bytes <= (window_side_ + 1) * window_half_) {
+  // never over the previous op's, which a peer may still read (see PeerWindow). The smallest ops
+  // take the start of the other half every time: a few lines gain nothing from moving, and
+  // fixed places keep the pages of a loop of small ops few.
+  if (bytes >= kWindowMoveMinBytes && window_next_ + bytes <= (window_side_ + 1) * window_half_) {
     window_at_ = window_next_;
   } else {
     window_side_ ^= 1;
