@@ -65,6 +65,9 @@ def _rank_dump_on_request(ctx, directory):
              for _ in range(4)]
     for w in works:
         w.wait()
+    # The direct op: a contiguous tensor (run with no Work) and a strided one (through the backend).
+    ringreduce.all_reduce_(torch.ones(2, 3, dtype=torch.float16), group=g)
+    ringreduce.all_reduce_(torch.ones(4, 2)[:, 0], group=g)
     dist.barrier(group=g)
     path = ringreduce.dump_flight_recorder(g, directory)
     want = os.path.join(directory, f"ringreduce_flight_{be.flight_group}_rank{ctx.rank}.json")
@@ -74,7 +77,7 @@ def _rank_dump_on_request(ctx, directory):
     ops = d["ops"]
     expect = [("allreduce", "[10, 20]", "Float"), ("broadcast", "[7]", "Long"),
               ("allgather", "[5] [5] [5]", "Double")] + [("allreduce", "[3]", "BFloat16")] * 4 + \
-             [("barrier", "", "")]
+             [("allreduce", "[2, 3]", "Half"), ("allreduce", "[4]", "Float"), ("barrier", "", "")]
     got = [(o["op"], o["shapes"], o["dtype"]) for o in ops]
     if got != expect:
         failures.append(f"recorded {got}, expected {expect}")

@@ -81,6 +81,45 @@ std::vector<void*> pointers(const std::vector<at::Tensor>& ts) {
 
 }  // namespace
 
+void RingBackend::run_op(const char* name, uint64_t seq, std::chrono::milliseconds t,
+                         const std::string& traced,
+                         c10::function_ref<void(const OpContext&, const Deadline&)> run) {
+  OpContext ctx;
+  ctx.name = name;
+  ctx.seq = seq;
+  ctx.timeout = t;
+  flight_->started(seq);
+  const Clock::time_point began = traced.empty() ? Clock::time_point() : Clock::now();
+  try {
+    // An aborted group runs no more ops. A rank stopped with this op issued and resumed after
+    // its peers gave up on it would otherwise complete it, where the data it needs had come
+    // before the abort, although every peer failed it; only its next op would fail.
+    const std::string aborted = links_->transport().abort_reason();
+    if (!aborted.empty()) throw_aborted(ctx, rank_, aborted);
+    // The deadline starts when the op starts: time spent queued behind earlier ops is theirs.
+    run(ctx, Deadline::after(t));
+  } catch (const std::exception& e) {
+    flight_->finished(seq, e.what());
+    if (log::enabled(log::Level::Warn)) {
+      log::write(log::Level::Warn, rank_, detail::cat(name, " #", seq, " failed: ", e.what()));
+    }
+    dump_on_failure(detail::cat(name, " #", seq, " failed: ", e.what()));
+    throw;
+  } catch (...) {
+    flight_->finished(seq, "unknown error");
+    if (log::enabled(log::Level::Warn)) {
+      log::write(log::Level::Warn, rank_, detail::cat(name, " #", seq, " failed"));
+    }
+    dump_on_failure(detail::cat(name, " #", seq, " failed"));
+    throw;
+  }
+  flight_->finished(seq, "");
+  if (!traced.empty()) {
+    const double us = std::chrono::duration<double, std::micro>(Clock::now() - began).count();
+    log::write(log::Level::Trace, rank_, detail::cat(traced, ": done in ", us, " us"));
+  }
+}
+
 c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const char* name,
                                                     std::optional<c10::Device> device,
                                                     std::vector<at::Tensor> outputs,
@@ -129,45 +168,12 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const cha
   }
   auto task = [this, run = std::move(run), name, seq, t, pins,
                traced = std::move(traced)]() mutable {
-    OpContext ctx;
-    ctx.name = name;
-    ctx.seq = seq;
-    ctx.timeout = t;
-    flight_->started(seq);
-    const Clock::time_point began = traced.empty() ? Clock::time_point() : Clock::now();
     // Unpinned when the op ends, before its Work completes: a resize_ after wait() must work.
     struct Unpin {
       std::shared_ptr<StoragePins>& p;
       ~Unpin() { p.reset(); }
     } unpin{pins};
-    try {
-      // An aborted group runs no more ops. A rank stopped with this op issued and resumed after
-      // its peers gave up on it would otherwise complete it, where the data it needs had come
-      // before the abort, although every peer failed it; only its next op would fail.
-      const std::string aborted = links_->transport().abort_reason();
-      if (!aborted.empty()) throw_aborted(ctx, rank_, aborted);
-      // The deadline starts when the op starts: time spent queued behind earlier ops is theirs.
-      run(ctx, Deadline::after(t));
-    } catch (const std::exception& e) {
-      flight_->finished(seq, e.what());
-      if (log::enabled(log::Level::Warn)) {
-        log::write(log::Level::Warn, rank_, detail::cat(name, " #", seq, " failed: ", e.what()));
-      }
-      dump_on_failure(detail::cat(name, " #", seq, " failed: ", e.what()));
-      throw;
-    } catch (...) {
-      flight_->finished(seq, "unknown error");
-      if (log::enabled(log::Level::Warn)) {
-        log::write(log::Level::Warn, rank_, detail::cat(name, " #", seq, " failed"));
-      }
-      dump_on_failure(detail::cat(name, " #", seq, " failed"));
-      throw;
-    }
-    flight_->finished(seq, "");
-    if (!traced.empty()) {
-      const double us = std::chrono::duration<double, std::micro>(Clock::now() - began).count();
-      log::write(log::Level::Trace, rank_, detail::cat(traced, ": done in ", us, " us"));
-    }
+    run_op(name, seq, t, traced, run);
   };
   // Claiming or queueing under mu_ keeps queue order equal to sequence order; the op itself
   // runs without mu_, so other threads can issue ops (they queue behind it) meanwhile.

@@ -7,6 +7,10 @@
 // recorder, deadlines and bits as dist.all_reduce on the same group, so the two may be mixed on
 // one group (a rank that calls one where its peers call another op fails as any desync does).
 //
+// The all-reduce of one dense contiguous CPU tensor on an idle group runs where it is called,
+// with no Work (RingBackend::allreduce_now): what the op costs beside its exchange is then the
+// checks, the sequence number and the flight record.
+//
 // They mutate their first argument and return nothing, with Meta kernels, so torch.compile traces
 // them into a graph without a break (a mutating op that returned an alias would not trace).
 #include <ATen/ATen.h>
@@ -20,9 +24,12 @@
 #include <chrono>
 #include <string>
 
+#include "algo/collectives.h"
 #include "backend/direct_ops.h"
 #include "backend/ring_backend.h"
+#include "backend/tensor_checks.h"
 #include "common/error.h"
+#include "common/log.h"
 
 namespace ringreduce {
 
@@ -54,6 +61,14 @@ RingBackend& backend_of(c10::string_view group, const char* op) {
   return *rb;
 }
 
+// One tensor's shape for the flight recorder, ended by -1, in a buffer this thread reuses.
+const std::vector<int64_t>& dims_of_one(const at::Tensor& t) {
+  thread_local std::vector<int64_t> dims;
+  dims.assign(t.sizes().begin(), t.sizes().end());
+  dims.push_back(-1);
+  return dims;
+}
+
 c10d::ReduceOp reduce_op(c10::string_view text, int rank) {
   const std::string s(text);
   if (s == "sum") return c10d::ReduceOp::SUM;
@@ -77,8 +92,7 @@ void all_reduce_cpu(at::Tensor t, c10::string_view op, c10::string_view group) {
   // cuts into chunks at other places: the same here, so the two paths give the same bits.
   const bool as_real = t.is_complex() && (opts.reduceOp == c10d::ReduceOp::SUM ||
                                           opts.reduceOp == c10d::ReduceOp::AVG);
-  std::vector<at::Tensor> ts{as_real ? at::view_as_real(t) : t};
-  b.allreduce(ts, opts)->wait();
+  b.allreduce_now(as_real ? at::view_as_real(t) : t, opts);
 }
 
 void all_gather_into_tensor_cpu(at::Tensor out, const at::Tensor& in, c10::string_view group) {
@@ -93,6 +107,44 @@ void all_reduce_meta(at::Tensor, c10::string_view, c10::string_view) {}
 void all_gather_into_tensor_meta(at::Tensor, const at::Tensor&, c10::string_view) {}
 
 }  // namespace
+
+void RingBackend::allreduce_now(const at::Tensor& t, const c10d::AllreduceOptions& opts) {
+  const char* name = "allreduce";
+  // What an inference loop passes: one dense contiguous CPU tensor, reduced in place, with the
+  // group idle. It runs here as a synchronous allreduce() would (the same checks, sequence number,
+  // flight record, deadline and algorithm), without the Work and the queued form of the op that
+  // only a caller who may wait later needs. Anything else takes allreduce() and waits.
+  if (t.defined() && t.layout() == at::kStrided && t.device().is_cpu() && t.is_contiguous()) {
+    const DType d = checked_dtype(t, name, rank_);
+    const Reduction red = checked_reduction(opts.reduceOp, d, name, rank_, size_);
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!red.premul && queue_.try_claim()) {
+      const uint64_t seq = next_seq_++;
+      const std::chrono::milliseconds limit = opts.timeout == c10d::kUnsetTimeout ? timeout_ : opts.timeout;
+      if (flight_->capacity() != 0) {
+        const std::vector<int64_t>& dims = dims_of_one(t);
+        flight_->issued(seq, name, dims.data(), dims.size(), c10::toString(t.scalar_type()));
+      }
+      std::string traced;
+      if (log::enabled(log::Level::Trace)) {
+        traced = detail::cat(name, " #", seq, " ", t.sizes(), " ", t.scalar_type());
+        log::write(log::Level::Trace, rank_, detail::cat(traced, ": issued"));
+      }
+      lock.unlock();
+      queue_.run_claimed([&] {
+        run_op(name, seq, limit, traced, [&](const OpContext& ctx, const Deadline& dl) {
+          algo_->allreduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), d, red.op,
+                           red.divisor, ctx, dl);
+        });
+      });
+      return;
+    }
+  }
+  std::vector<at::Tensor> ts{t};
+  c10d::AllreduceOptions sync = opts;
+  sync.asyncOp = false;
+  allreduce(ts, sync)->wait();
+}
 
 double time_all_reduce(at::Tensor t, int64_t iters, const std::string& group) {
   TORCH_CHECK(iters >= 0, "ringreduce time_all_reduce: iters must be >= 0, got ", iters);

@@ -104,8 +104,9 @@ bool front_may_start(QueueState& st) {
 
 // Runs body, ends the claim, then completes the Work: its future's callbacks may issue further
 // ops on this group, which must then find the queue free.
-void run_and_complete(QueueState& st, const c10::intrusive_ptr<RingWork>& work,
-                      c10::function_ref<void()> body) {
+// Runs the op that holds `running`, then lets the next one go; returns its error, as the Work
+// would carry it.
+std::exception_ptr run_and_release(QueueState& st, c10::function_ref<void()> body) {
   std::exception_ptr error;
   try {
     body();
@@ -126,7 +127,12 @@ void run_and_complete(QueueState& st, const c10::intrusive_ptr<RingWork>& work,
   // `running` to drop (run_queued_here_until).
   if (ring) st.ring();
   if (wake) st.cv.notify_all();
-  work->complete(error);
+  return error;
+}
+
+void run_and_complete(QueueState& st, const c10::intrusive_ptr<RingWork>& work,
+                      c10::function_ref<void()> body) {
+  work->complete(run_and_release(st, body));
 }
 
 void fail_all(std::deque<QueueState::Task>& tasks, const std::string& why) {
@@ -256,6 +262,11 @@ void OpQueue::run_claimed(const c10::intrusive_ptr<RingWork>& work,
                           c10::function_ref<void()> body) {
   at::NoGradGuard no_grad;
   run_and_complete(*st_, work, body);
+}
+
+void OpQueue::run_claimed(c10::function_ref<void()> body) {
+  at::NoGradGuard no_grad;
+  if (std::exception_ptr error = run_and_release(*st_, body)) std::rethrow_exception(error);
 }
 
 bool OpQueue::busy() const {

@@ -105,6 +105,9 @@ class OpQueue {
   bool try_claim();
   // (A function_ref: an op run here is never stored, so it needs no std::function of its own.)
   void run_claimed(const c10::intrusive_ptr<RingWork>& work, c10::function_ref<void()> body);
+  // The same for an op that no Work tracks (the direct ops'): its error, as a Work would carry
+  // it, is thrown here.
+  void run_claimed(c10::function_ref<void()> body);
 
   void run_queued_here_until(const RingWork& work) { ringreduce::run_queued_here_until(*st_, work); }
   // Sets QueueState::idle; set it to null before what it points at goes away (it is called under

@@ -50,6 +50,9 @@ class RingBackend final : public c10d::Backend {
 
   const std::string getBackendName() const override { return "ringreduce"; }
 
+  // The direct op's all-reduce (direct_ops.cpp): allreduce() of one tensor, waited for, and run
+  // here without a Work where the tensor and the queue allow.
+  void allreduce_now(const at::Tensor& t, const c10d::AllreduceOptions& opts);
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override;
   // Where torch sends sparse tensors (its dispatcher's SparseCPU key): the same as allreduce.
@@ -185,6 +188,10 @@ class RingBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> p2p_recv(std::vector<at::Tensor>& tensors, int src, int tag,
                                           const char* op);
 
+  // Runs op `seq` (its body `run`) where it is: the flight record of its start and end, the
+  // group's abort checked first, its deadline from now, a failure logged and dumped.
+  void run_op(const char* name, uint64_t seq, std::chrono::milliseconds t, const std::string& traced,
+              c10::function_ref<void(const OpContext&, const Deadline&)> run);
   // Gives the op its sequence number and queues it; a synchronous op (async_op false) runs on the
   // calling thread instead when the queue is idle.
   // `outputs` and `inputs` are the caller's tensors, every one checked by the entry point, and
