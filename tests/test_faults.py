@@ -116,6 +116,18 @@ elif case == "ops":
     n = 1024
 
     def step(op, pg, async_op=False):
+        if op == "send_recv_chain":
+            # Rank 1 sends to rank 2, which passes it on to rank 0: with rank 1 stopped, rank 2
+            # waits for rank 1 and rank 0 for rank 2, a chain of waits (rank 0 never talks to 1).
+            buf = torch.empty(n)
+            if rank == 1:
+                dist.send(torch.zeros(n), 2, group=pg)
+            elif rank == 2:
+                dist.recv(buf, 1, group=pg)
+                dist.send(buf, 0, group=pg)
+            else:
+                dist.recv(buf, 2, group=pg)
+            return []
         if op == "send_recv":
             # Rank 1 exchanges with each of the others, and they with it only. (Not around the
             # ring: send/recv has no chain of waits to follow. A survivor that has run one pair
@@ -536,7 +548,7 @@ EVERY_OP = {
     "auto": ["all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter",
              "all_to_all_single", "gather", "scatter", "barrier", "send_recv"],
     "tcp": ["all_reduce", "broadcast", "reduce", "all_gather_into_tensor", "reduce_scatter_tensor",
-            "all_to_all", "gather", "scatter", "barrier", "send_recv"],
+            "all_to_all", "gather", "scatter", "barrier", "send_recv_chain", "send_recv"],
 }
 
 
@@ -607,12 +619,20 @@ def test_every_op_names_the_stopped_rank_in_every_survivors_error(tmp_path, back
     back to back; a phase per collective and one for send/recv. Every survivor's error names
     rank 1: directly when it waits for rank 1, or through the chain of waits when it waits for the
     other survivor (rank 0's timeout is short and rank 2's long in the collectives, so rank 0's
-    comes first and follows the chain). In send/recv each survivor exchanges with rank 1 only.
+    comes first and follows the chain). In send_recv each survivor exchanges with rank 1 only; in
+    send_recv_chain (TCP) rank 0 receives from rank 2, which receives from rank 1.
     A rank that runs is never blamed."""
     if backend != "ringreduce":
         pytest.skip("faults of ringreduce's transports")
     ops = EVERY_OP[transport]
     timeouts = {op: {"0": 3, "2": 3} if op == "send_recv" else {"0": 3, "2": 10} for op in ops}
+    # send_recv_chain (TCP only): rank 0 waits for rank 2, which waits for rank 1; rank 0's request
+    # times out first and follows the chain (which takes up to 2 s) while rank 2 still waits. A
+    # failed send/recv aborts nothing, so rank 1 is resumed only once rank 2's own request has
+    # timed out, and may then post one more request that nobody matches: rank 2's and rank 1's
+    # short timeouts let rank 1 reach the next phase's set-up before rank 0's gives up on it.
+    if "send_recv_chain" in timeouts:
+        timeouts["send_recv_chain"] = {"0": 3, "1": 1, "2": 5}
     phases, _, why = _phases(tmp_path, ops, transport, "outside", 3, timeouts)
     wrong = []
     for k, op in enumerate(ops):
@@ -621,7 +641,7 @@ def test_every_op_names_the_stopped_rank_in_every_survivors_error(tmp_path, back
             # What the error says of the cause: after the last "aborted: " where the group
             # or point-to-point was aborted by another rank's failure.
             cause = err.rsplit("aborted: ", 1)[-1]
-            if op == "send_recv":
+            if op.startswith("send_recv"):
                 # Its request to or from rank 1 timed out (alone, or aborting point-to-point when
                 # rank 1 stopped inside a transfer), or the other survivor's abort came first.
                 named = "rank 1" in cause and ("Timed out" in cause or "rank 1 stopped" in cause)

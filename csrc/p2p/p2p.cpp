@@ -150,8 +150,51 @@ void P2p::run() {
       if (flush_by.at == Clock::time_point::max()) flush_by = Deadline::after(kFlushGrace);
       if (flush_by.passed()) return;
     }
+    note_waiting();
     if (!moved) t_.wait_doorbell(seen, next_wake());
   }
+}
+
+int P2p::waiting_for() const {
+  for (const Req& r : posted_) {
+    if (r->peer >= 0) return r->peer;
+  }
+  for (int p = 0; p < size_; ++p) {
+    const Peer& peer = peers_[p];
+    if (!peer.awaiting_clear.empty() || !peer.incoming.empty() || !peer.streaming.empty()) return p;
+  }
+  return -1;
+}
+
+void P2p::note_waiting() {
+  const int now = waiting_for();
+  if (now == noted_) return;
+  noted_ = now;
+  t_.note_state(1, now);
+}
+
+std::string P2p::held_up_by(int peer) {
+  const Deadline walk = Deadline::after(kChainBudget);
+  std::string path = detail::cat("rank ", peer);
+  int q = peer;
+  for (int hops = 0; hops < size_; ++hops) {
+    const PeerState s = t_.peer_state(q, walk);
+    if (s.stopped) {
+      return detail::cat(": ", path, q == peer ? " is" : ", which is",
+                         " stopped (its process is in state T: SIGSTOP, or a debugger)");
+    }
+    if (!s.known) return q == peer ? "" : detail::cat(": ", path, ", whose state is unknown: ", s.unknown);
+    const int next = s.blocked_on;
+    if (next == rank_) {
+      return detail::cat(": ", path, q == peer ? " waits" : ", which waits", " for this rank in turn");
+    }
+    if (next < 0 || next >= size_ || next == q) {
+      return q == peer ? "" : detail::cat(": ", path, ", which waits for no other rank");
+    }
+    path += detail::cat(q == peer ? " waits for rank " : ", which waits for rank ", next);
+    q = next;
+  }
+  return detail::cat(": ", path, " (every rank of the chain waits for another)");
 }
 
 bool P2p::busy() const {
@@ -439,7 +482,7 @@ bool P2p::check_deadlines() {
     changed = true;
     finish(r, std::make_exception_ptr(TimeoutError(detail::cat(
                   describe(*r), ": Timed out after ", r->timeout.count(),
-                  " ms: no matching send arrived"))));
+                  " ms: no matching send arrived", r->peer >= 0 ? held_up_by(r->peer) : ""))));
   }
   for (int p = 0; p < size_; ++p) {
     Peer& peer = peers_[p];
@@ -454,7 +497,7 @@ bool P2p::check_deadlines() {
       changed = true;
       finish(r, std::make_exception_ptr(TimeoutError(detail::cat(
                     describe(*r), ": Timed out after ", r->timeout.count(), " ms: rank ", p,
-                    " posted no matching recv"))));
+                    " posted no matching recv", held_up_by(p)))));
     }
     // A matched transfer that runs out of time stopped halfway: its peer is gone or stuck, and
     // the two sides no longer agree on the channel's state.

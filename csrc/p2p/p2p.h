@@ -119,6 +119,15 @@ class P2p {
   void finish(const Req& r, std::exception_ptr error);
   void fail_all(const std::string& why);
   std::chrono::nanoseconds next_wake() const;
+  // The peer this rank's oldest waiting request waits for (-1: none), published through the
+  // transport (note_state) whenever it changes, so that a peer whose request to this rank times
+  // out can see whom this one waits for in turn.
+  int waiting_for() const;
+  void note_waiting();
+  // For a request to or from `peer` that timed out: where the chain of waits from `peer` ends
+  // (": rank 2 waits for rank 1, which is stopped ..."), or "" when `peer` itself holds it up (it
+  // waits for nobody, or its state cannot be learned).
+  std::string held_up_by(int peer);
   bool busy() const;  // a matched transfer is in flight
   std::string describe(const Request& r) const;
 
@@ -142,6 +151,7 @@ class P2p {
   uint64_t posts_ = 0;
   bool draining_ = false;
   Deadline liveness_due_{};  // when check_peers looks next
+  int noted_ = -1;           // the peer last published by note_waiting
 };
 
 }  // namespace ringreduce

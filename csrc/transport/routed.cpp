@@ -114,6 +114,11 @@ std::string RoutedTransport::abort_reason() const {
   return r;
 }
 
+void RoutedTransport::note_state(uint64_t op_seq, int32_t blocked_on) {
+  if (shm_) shm_->note_state(op_seq, blocked_on);
+  if (tcp_) tcp_->note_state(op_seq, blocked_on);
+}
+
 PeerState RoutedTransport::own_state() const {
   // The TCP side merges in the shared-memory side's (hooks_beside).
   return tcp_ ? tcp_->own_state() : shm_->own_state();

@@ -45,6 +45,7 @@ class RoutedTransport final : public Transport {
   std::string abort_reason() const override;
   // This rank's state is split between the two: the later op wins, with whom it waits for there.
   PeerState own_state() const override;
+  void note_state(uint64_t op_seq, int32_t blocked_on) override;
   PeerState peer_state(int peer, const Deadline& dl) override;
   std::string peer_lost(int peer) const override;
   void land_recvs(int peer, LandFn land) override;

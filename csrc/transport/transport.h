@@ -151,6 +151,13 @@ class Transport {
   // query over TCP, a read of its segment over shared memory). For the diagnosis of timeouts.
   virtual PeerState own_state() const = 0;
   virtual PeerState peer_state(int peer, const Deadline& dl) = 0;
+  // Records where this rank stands, for peers that follow chains of waits, where the transport's
+  // own waits do not say it: an engine that waits on several peers at once (point-to-point)
+  // names the one it waits for. A transport that keeps no such state ignores it.
+  virtual void note_state(uint64_t op_seq, int32_t blocked_on) {
+    (void)op_seq;
+    (void)blocked_on;
+  }
   // Why `peer` is known to be gone ("its process (pid 123) has died"), or "" while it may be
   // alive. For an engine that waits on several peers at once (point-to-point) and so cannot
   // leave the question to one wait; a transport that cannot tell answers "".

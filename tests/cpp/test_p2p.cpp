@@ -241,6 +241,37 @@ RR_TEST(unmatched_requests_time_out_alone_and_withdrawn_sends_stay_withdrawn) {
   expect_no_errors(errors, "timeouts");
 }
 
+// A request that times out names where the chain of waits from its peer ends: rank 0 waits for
+// rank 2, which waits for rank 1, which waits for nobody (it posted nothing).
+RR_TEST(a_timeout_follows_the_chain_of_waits) {
+  MapBootstrap sync;
+  auto errors = run_group(3, 64, [&sync](int r, P2p& p2p) {
+    uint32_t v = 0;
+    Outcome o;
+    if (r == 2) {
+      p2p.recv(&v, sizeof v, 1, 1, 0, milliseconds(20000), o.callback());  // rank 1 never sends
+    } else if (r == 0) {
+      std::this_thread::sleep_for(milliseconds(200));  // sleep-ok: rank 2's receive is posted first
+      p2p.recv(&v, sizeof v, 1, 2, 0, milliseconds(500), o.callback());
+      RR_REQUIRE(o.wait(), "rank 0: its receive never ended");
+      RR_EXPECT(o.error.find("no matching send arrived: rank 2 waits for rank 1, which waits for no other rank") !=
+                    std::string::npos,
+                "rank 0: ", o.error);
+      sync.set("done", "1");
+      return;
+    }
+    sync.get("done");
+    if (r == 2) {  // ends its receive: rank 1 sends now
+      RR_REQUIRE(o.wait(), "rank 2: its receive never ended");
+    } else {
+      p2p.send(&v, sizeof v, 1, 2, 0, milliseconds(20000), o.callback());
+      RR_REQUIRE(o.wait(), "rank 1: its send never ended");
+    }
+    RR_EXPECT(o.error.empty(), "rank ", r, ": ", o.error);
+  });
+  expect_no_errors(errors, "chain");
+}
+
 RR_TEST(shutdown_fails_what_is_unmatched_and_refuses_peers_sends) {
   MapBootstrap bs;
   std::string err0, err1;

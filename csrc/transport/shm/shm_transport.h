@@ -94,7 +94,7 @@ class ShmTransport final : public Transport, private PeerWindow {
   std::string peer_lost(int peer) const override;
   // Records where this rank stands in its segment, for a wait on another transport of a mixed
   // group: local peers that follow a chain of waits read it there.
-  void note_state(uint64_t op_seq, int32_t blocked_on);
+  void note_state(uint64_t op_seq, int32_t blocked_on) override;
 
   // Messages published to `peer` / released from it so far: the index of the slot the open send
   // or receive uses is this modulo nslots (for a transport that keeps payloads elsewhere).

@@ -404,6 +404,11 @@ void TcpTransport::abort_group(const std::string& why) {
   });
 }
 
+void TcpTransport::note_state(uint64_t op_seq, int32_t blocked_on) {
+  op_seq_.store(op_seq, std::memory_order_relaxed);
+  blocked_on_.store(blocked_on, std::memory_order_relaxed);
+}
+
 PeerState TcpTransport::own_state() const {
   PeerState s;
   s.known = true;

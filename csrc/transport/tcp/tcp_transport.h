@@ -105,6 +105,9 @@ class TcpTransport final : public Transport {
   void abort_group(const std::string& why) override;
   std::string abort_reason() const override;
   PeerState own_state() const override;
+  // Kept here (and answered to peers' state queries); the other side of a mixed group keeps its
+  // own (RoutedTransport::note_state).
+  void note_state(uint64_t op_seq, int32_t blocked_on) override;
   // Sends the peer a Query frame and waits until `dl` for its State.
   PeerState peer_state(int peer, const Deadline& dl) override;
   // Payloads the ring would copy out of a slot are read straight into their destination.
