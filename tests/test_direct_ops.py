@@ -3,7 +3,7 @@ all_gather_into_tensor_, and their Python wrappers ringreduce.all_reduce_ and
 ringreduce.all_gather_into_tensor_ (csrc/backend/direct_ops.cpp, ringreduce/direct.py).
 
 - Against dist.all_reduce / dist.all_gather_into_tensor on the same inputs, bit for bit: every
-  dtype and op, worlds 1-4, contiguous and not, the default group and another group.
+  dtype and op, worlds 1, 2 and 4, contiguous and not, the default group and another group.
 - Traced by torch.compile with fullgraph=True, and run.
 - Bad calls fail with errors that name the op: an unknown op, a group that does not exist.
 - A desync between the direct op and the backend path fails every rank; a rank killed inside the
@@ -69,7 +69,7 @@ def _rank_bits(ctx):
     return failures, {}
 
 
-@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("world", [1, 2, 4])
 def test_direct_ops_give_the_backend_paths_bits(ranks, backend, world):
     if backend != "ringreduce":
         pytest.skip("ringreduce's direct ops")

@@ -121,17 +121,18 @@ void RingBackend::allreduce_now(const at::Tensor& t, const c10d::AllreduceOption
     if (!red.premul && queue_.try_claim()) {
       const uint64_t seq = next_seq_++;
       const std::chrono::milliseconds limit = opts.timeout == c10d::kUnsetTimeout ? timeout_ : opts.timeout;
-      if (flight_->capacity() != 0) {
-        const std::vector<int64_t>& dims = dims_of_one(t);
-        flight_->issued(seq, name, dims.data(), dims.size(), c10::toString(t.scalar_type()));
-      }
-      std::string traced;
-      if (log::enabled(log::Level::Trace)) {
-        traced = detail::cat(name, " #", seq, " ", t.sizes(), " ", t.scalar_type());
-        log::write(log::Level::Trace, rank_, detail::cat(traced, ": issued"));
-      }
       lock.unlock();
       queue_.run_claimed([&] {
+        // Recorded in here, where whatever throws releases the claim as the op's own failure does.
+        if (flight_->capacity() != 0) {
+          const std::vector<int64_t>& dims = dims_of_one(t);
+          flight_->issued(seq, name, dims.data(), dims.size(), c10::toString(t.scalar_type()));
+        }
+        std::string traced;
+        if (log::enabled(log::Level::Trace)) {
+          traced = detail::cat(name, " #", seq, " ", t.sizes(), " ", t.scalar_type());
+          log::write(log::Level::Trace, rank_, detail::cat(traced, ": issued"));
+        }
         run_op(name, seq, limit, traced, [&](const OpContext& ctx, const Deadline& dl) {
           algo_->allreduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), d, red.op,
                            red.divisor, ctx, dl);

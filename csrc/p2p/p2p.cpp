@@ -1,7 +1,9 @@
 #include "p2p/p2p.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <tuple>
 
 #include "common/error.h"
 #include "common/failpoint.h"
@@ -38,6 +40,7 @@ struct P2p::Request {
   int src = -1;         // a receive: the rank its matched send came from
   uint64_t offset = 0;  // bytes moved so far
   uint64_t posted_at = 0;  // a receive: its place in post order
+  uint64_t taken = 0;      // its place in the order the engine took requests (waiting_for)
   bool finished = false;
 };
 
@@ -128,6 +131,13 @@ void P2p::cancel(const std::string& why) {
 }
 
 void P2p::run() {
+  // Whatever way the engine ends, it waits for nobody after it (a peer's chain must not stop here).
+  struct Unnote {
+    P2p* p;
+    ~Unnote() {
+      if (p->noted_ != -1) p->t_.note_state(1, -1);
+    }
+  } unnote{this};
   Deadline flush_by = Deadline::never();
   for (;;) {
     const uint32_t seen = t_.doorbell();
@@ -156,14 +166,22 @@ void P2p::run() {
 }
 
 int P2p::waiting_for() const {
-  for (const Req& r : posted_) {
-    if (r->peer >= 0) return r->peer;
-  }
+  uint64_t oldest = UINT64_MAX;
+  int who = -1;
+  auto consider = [&](const Req& r, int peer) {
+    if (peer >= 0 && r->taken < oldest) {
+      oldest = r->taken;
+      who = peer;
+    }
+  };
+  for (const Req& r : posted_) consider(r, r->peer);
   for (int p = 0; p < size_; ++p) {
     const Peer& peer = peers_[p];
-    if (!peer.awaiting_clear.empty() || !peer.incoming.empty() || !peer.streaming.empty()) return p;
+    for (const auto& kv : peer.awaiting_clear) consider(kv.second, p);
+    for (const Req& r : peer.incoming) consider(r, p);
+    for (const Req& r : peer.streaming) consider(r, p);
   }
-  return -1;
+  return who;
 }
 
 void P2p::note_waiting() {
@@ -173,8 +191,7 @@ void P2p::note_waiting() {
   t_.note_state(1, now);
 }
 
-std::string P2p::held_up_by(int peer) {
-  const Deadline walk = Deadline::after(kChainBudget);
+std::string P2p::held_up_by(int peer, const Deadline& walk) {
   std::string path = detail::cat("rank ", peer);
   int q = peer;
   for (int hops = 0; hops < size_; ++hops) {
@@ -243,6 +260,7 @@ void P2p::take_new_requests() {
     stopping = stopping_;
   }
   for (const Req& r : fresh) {
+    r->taken = taken_++;
     if (r->is_send) {
       Peer& peer = peers_[r->peer];
       r->seq = peer.next_seq++;
@@ -471,7 +489,9 @@ bool P2p::feed_peer(int p) {
 }
 
 bool P2p::check_deadlines() {
-  bool changed = false;
+  // Requests that timed out before they were matched, each with the peer it waited for (-1: any)
+  // and what its error says so far; they fail after the transfers in flight were checked.
+  std::vector<std::tuple<Req, int, std::string>> expired;
   for (auto it = posted_.begin(); it != posted_.end();) {
     if (!(*it)->dl.passed()) {
       ++it;
@@ -479,10 +499,8 @@ bool P2p::check_deadlines() {
     }
     const Req r = *it;
     it = posted_.erase(it);
-    changed = true;
-    finish(r, std::make_exception_ptr(TimeoutError(detail::cat(
-                  describe(*r), ": Timed out after ", r->timeout.count(),
-                  " ms: no matching send arrived", r->peer >= 0 ? held_up_by(r->peer) : ""))));
+    expired.emplace_back(r, r->peer, detail::cat(describe(*r), ": Timed out after ", r->timeout.count(),
+                                                 " ms: no matching send arrived"));
   }
   for (int p = 0; p < size_; ++p) {
     Peer& peer = peers_[p];
@@ -494,10 +512,8 @@ bool P2p::check_deadlines() {
       const Req r = it->second;
       peer.control.push_back({OpKind::P2pCancel, r->seq, 0, r->tag, 0});
       it = peer.awaiting_clear.erase(it);
-      changed = true;
-      finish(r, std::make_exception_ptr(TimeoutError(detail::cat(
-                    describe(*r), ": Timed out after ", r->timeout.count(), " ms: rank ", p,
-                    " posted no matching recv", held_up_by(p)))));
+      expired.emplace_back(r, p, detail::cat(describe(*r), ": Timed out after ", r->timeout.count(),
+                                             " ms: rank ", p, " posted no matching recv"));
     }
     // A matched transfer that runs out of time stopped halfway: its peer is gone or stuck, and
     // the two sides no longer agree on the channel's state.
@@ -510,11 +526,22 @@ bool P2p::check_deadlines() {
       const std::string why = detail::cat(
           describe(r), ": Timed out after ", r.timeout.count(), " ms with ", r.offset, " of ",
           r.bytes, " bytes moved: rank ", p, " stopped in the middle of the transfer");
+      for (auto& e : expired) finish(std::get<0>(e), std::make_exception_ptr(TimeoutError(std::get<2>(e))));
       t_.abort_group(why);
       throw TimeoutError(why);
     }
   }
-  return changed;
+  // Where the chain of waits from each peer ends, asked once per peer and within one budget. Not
+  // while a transfer streams: a peer that does not answer would hold the engine for the whole
+  // budget, and that transfer's own deadline with it.
+  const bool walk = !busy();
+  const Deadline budget = Deadline::after(kChainBudget);
+  std::map<int, std::string> chain;
+  for (auto& [r, peer, what] : expired) {
+    if (walk && peer >= 0 && chain.find(peer) == chain.end()) chain[peer] = held_up_by(peer, budget);
+    finish(r, std::make_exception_ptr(TimeoutError(walk && peer >= 0 ? what + chain[peer] : what)));
+  }
+  return !expired.empty();
 }
 
 bool P2p::check_peers() {

@@ -125,9 +125,9 @@ class P2p {
   int waiting_for() const;
   void note_waiting();
   // For a request to or from `peer` that timed out: where the chain of waits from `peer` ends
-  // (": rank 2 waits for rank 1, which is stopped ..."), or "" when `peer` itself holds it up (it
-  // waits for nobody, or its state cannot be learned).
-  std::string held_up_by(int peer);
+  // (": rank 2 waits for rank 1, which is stopped ..."), asked of the peers before `walk`; "" when
+  // `peer` itself holds it up (it waits for nobody, or its state cannot be learned).
+  std::string held_up_by(int peer, const Deadline& walk);
   bool busy() const;  // a matched transfer is in flight
   std::string describe(const Request& r) const;
 
@@ -152,6 +152,7 @@ class P2p {
   bool draining_ = false;
   Deadline liveness_due_{};  // when check_peers looks next
   int noted_ = -1;           // the peer last published by note_waiting
+  uint64_t taken_ = 0;       // requests taken so far (Request::taken)
 };
 
 }  // namespace ringreduce
