@@ -9,9 +9,9 @@
 // the host queues, returns, and never waits for a peer (measured on one H100/H200 with 2 ranks:
 // docs/gpu.md).
 //
-// Every wait a rank queues is on its own memory, so abort() can release them from the host side;
-// the copies and kernels queued behind a released wait read abort_word() and write nothing, and
-// abort() sets the peers' abort words too, so that what this rank still posts lets no peer reduce
+// Every wait a rank queues is on its own memory, so the window's abort method can release them
+// from the host side; the copies and kernels queued behind a released wait read abort_word() and
+// write nothing, and the abort method sets the peers' abort words too, so that what this rank still posts lets no peer reduce
 // a slot this rank no longer fills.
 #pragma once
 
@@ -50,7 +50,7 @@ class DeviceWindow {
   // Queued on `s`: the stream goes on once every peer has posted `seq` or later (counters compare
   // modulo 2^32, so they may wrap).
   void wait_peers(uint32_t seq, CUstream_st* s);
-  // Device address of this rank's abort word (0 until abort()).
+  // Device address of this rank's abort word (0 until the window's abort method ran).
   const volatile uint32_t* abort_word() const;
   // From any host thread: sets this rank's abort word and every peer's, then lets every wait this
   // rank has queued up to `through` pass. Queued on a stream of its own, so it runs while the ops'
@@ -70,7 +70,7 @@ class DeviceWindow {
   int device_;
   uint8_t* own_ = nullptr;       // cudaMalloc'ed here
   std::vector<uint8_t*> peers_;  // opened through IPC here
-  CUstream_st* side_ = nullptr;  // abort()'s stream
+  CUstream_st* side_ = nullptr;  // the abort method's stream
   bool free_own_ = true;
 };
 
