@@ -179,6 +179,10 @@ elif case == "ops":
 
     for k, op in enumerate(os.environ["FAULT_OPS"].split(",")):
         t = float(per_op.get(op, {}).get(str(rank), os.environ["FAULT_PHASE_TIMEOUT"]))
+        # The ranks meet on the default group (its timeout is long) before each phase: the group's
+        # own set-up is bounded by the phase's short timeout, and rank 1, resumed late, may reach it
+        # seconds after the survivors.
+        dist.barrier()
         pg = dist.new_group(backend="ringreduce", timeout=timedelta(seconds=t))
         phase = {"rank": rank, "op": op}
         try:
@@ -629,8 +633,8 @@ def test_every_op_names_the_stopped_rank_in_every_survivors_error(tmp_path, back
     # send_recv_chain (TCP only): rank 0 waits for rank 2, which waits for rank 1; rank 0's request
     # times out first and follows the chain (which takes up to 2 s) while rank 2 still waits. A
     # failed send/recv aborts nothing, so rank 1 is resumed only once rank 2's own request has
-    # timed out, and may then post one more request that nobody matches: rank 2's and rank 1's
-    # short timeouts let rank 1 reach the next phase's set-up before rank 0's gives up on it.
+    # timed out, and may then post one more request that nobody matches: its short timeout keeps
+    # the others from waiting long for it at the next phase.
     if "send_recv_chain" in timeouts:
         timeouts["send_recv_chain"] = {"0": 3, "1": 1, "2": 5}
     phases, _, why = _phases(tmp_path, ops, transport, "outside", 3, timeouts)
