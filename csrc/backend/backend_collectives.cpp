@@ -27,18 +27,6 @@ namespace ringreduce {
 
 namespace {
 
-// The shapes of an op's tensors for the flight recorder, each ended by -1, into a buffer this
-// thread reuses (no allocation per op once it has grown).
-const std::vector<int64_t>& dims_of(const std::vector<at::Tensor>& ts) {
-  thread_local std::vector<int64_t> dims;
-  dims.clear();
-  for (const at::Tensor& t : ts) {
-    for (int64_t d : t.sizes()) dims.push_back(d);
-    dims.push_back(-1);
-  }
-  return dims;
-}
-
 // A tensor the op may write for the caller's `t`: t itself when it is contiguous and clear of
 // `input`, else a private buffer (owned by the op) copied into t only on success.
 at::Tensor writable(const at::Tensor& t, const at::Tensor& input) {
@@ -252,7 +240,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::ordered_allreduce(const at::Tensor& 
   const uint64_t seq = next_seq_++;
   const std::chrono::milliseconds limit = timeout == c10d::kUnsetTimeout ? timeout_ : timeout;
   if (flight_->capacity() != 0) {
-    const std::vector<int64_t>& dims = dims_of({t});
+    const std::vector<int64_t>& dims = dims_of(t);
     flight_->issued(seq, name, dims.data(), dims.size(), c10::toString(t.scalar_type()));
     flight_->started(seq);
   }

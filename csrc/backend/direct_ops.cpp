@@ -61,14 +61,6 @@ RingBackend& backend_of(c10::string_view group, const char* op) {
   return *rb;
 }
 
-// One tensor's shape for the flight recorder, ended by -1, in a buffer this thread reuses.
-const std::vector<int64_t>& dims_of_one(const at::Tensor& t) {
-  thread_local std::vector<int64_t> dims;
-  dims.assign(t.sizes().begin(), t.sizes().end());
-  dims.push_back(-1);
-  return dims;
-}
-
 c10d::ReduceOp reduce_op(c10::string_view text, int rank) {
   const std::string s(text);
   if (s == "sum") return c10d::ReduceOp::SUM;
@@ -125,7 +117,7 @@ void RingBackend::allreduce_now(const at::Tensor& t, const c10d::AllreduceOption
       queue_.run_claimed([&] {
         // Recorded in here, where whatever throws releases the claim as the op's own failure does.
         if (flight_->capacity() != 0) {
-          const std::vector<int64_t>& dims = dims_of_one(t);
+          const std::vector<int64_t>& dims = dims_of(t);
           flight_->issued(seq, name, dims.data(), dims.size(), c10::toString(t.scalar_type()));
         }
         std::string traced;

@@ -35,6 +35,10 @@ inline const char* cuda_build_note() {
 // Throws c10::DistBackendError (torch.distributed.DistBackendError in Python) with `msg`.
 [[noreturn]] void fail(const std::string& msg);
 
+// The shapes of an op's tensors for the flight recorder, each ended by -1, into a buffer this
+// thread reuses (no allocation per op once it has grown).
+const std::vector<int64_t>& dims_of(at::ArrayRef<at::Tensor> ts);
+
 // The torch layer's one dtype dispatch point: at::ScalarType to the core's tag.
 std::optional<DType> core_dtype(at::ScalarType s);
 

@@ -42,6 +42,15 @@ enum class DType : uint8_t {
 // PREMUL_SUM scales each rank's input before a SUM (see csrc/backend/).
 enum class RedOp : uint8_t { Sum, Prod, Min, Max, BAnd, BOr, BXor };
 
+// Every dtype in the list's order, and every op: what the tests sweep.
+constexpr DType kAllDTypes[] = {
+#define RINGREDUCE_DTYPE_TAG(tag, bytes, name, family, scalar, Kind) DType::tag,
+    RINGREDUCE_DTYPES(RINGREDUCE_DTYPE_TAG)
+#undef RINGREDUCE_DTYPE_TAG
+};
+constexpr RedOp kAllRedOps[] = {RedOp::Sum, RedOp::Prod, RedOp::Min, RedOp::Max,
+                                RedOp::BAnd, RedOp::BOr, RedOp::BXor};
+
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);  // "float32", "bfloat16", ... (torch's spelling)
 const char* redop_name(RedOp op); // "sum", "product", "min", "max", "band", "bor", "bxor"

@@ -16,6 +16,8 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <functional>
+#include <initializer_list>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -144,6 +146,38 @@ inline int run_all(int argc, char** argv) {
     }                                                                                        \
     if (!rrtest_threw_) ::rrtest::fail(__FILE__, __LINE__, #expr, "did not throw");          \
   } while (0)
+
+namespace rrtest {
+// Passes if fn throws an E whose what() contains every string in `names`.
+template <class E>
+void expect_throw_naming(const char* file, int line, const char* what, const std::function<void()>& fn,
+                         std::initializer_list<const char*> names) {
+  try {
+    fn();
+  } catch (const E& e) {
+    for (const char* s : names) {
+      if (!std::strstr(e.what(), s)) {
+        fail(file, line, what, message("\"", e.what(), "\" does not contain \"", s, "\""));
+      }
+    }
+    return;
+  }
+  fail(file, line, what, "nothing was thrown");
+}
+
+// The bits of a value as an unsigned integer of its size, and back (std::bit_cast is C++20).
+template <class To, class From>
+To bit_cast(const From& from) {
+  static_assert(sizeof(To) == sizeof(From), "bit_cast between types of one size");
+  To to;
+  std::memcpy(&to, &from, sizeof to);
+  return to;
+}
+}  // namespace rrtest
+
+// Passes if `expr` throws an exception of type E whose what() names every one of the strings.
+#define RR_EXPECT_THROW_NAMING(E, expr, ...) \
+  ::rrtest::expect_throw_naming<E>(__FILE__, __LINE__, #expr, [&] { expr; }, {__VA_ARGS__})
 
 #define RR_TEST_MAIN() \
   int main(int argc, char** argv) { return ::rrtest::run_all(argc, argv); }

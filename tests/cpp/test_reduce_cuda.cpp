@@ -33,17 +33,13 @@
 #include "common/error.h"
 #include "reduce/reduce.h"
 #include "reduce/reduce_cuda.h"
+#include "aliasing.h"
 #include "rrtest.h"
 
 using namespace ringreduce;
 
 namespace {
 
-const DType kAllTypes[] = {DType::Float32, DType::Float64, DType::Float16,   DType::BFloat16,
-                           DType::Int8,    DType::UInt8,   DType::Int16,     DType::Int32,
-                           DType::Int64,   DType::Bool,    DType::Complex64, DType::Complex128};
-const RedOp kAllOps[] = {RedOp::Sum,  RedOp::Prod, RedOp::Min, RedOp::Max,
-                         RedOp::BAnd, RedOp::BOr,  RedOp::BXor};
 // Empty, one element (head only), less than one 16-byte vector, a prime-ish count past a
 // whole number of vectors, and a large odd one that runs several grid-stride iterations.
 const size_t kCounts[] = {0, 1, 7, 4097, (size_t(1) << 20) + 3};
@@ -123,16 +119,8 @@ class StreamGuard {
 // ---------------------------------------------------------------------------------------------
 // Inputs
 
-uint32_t fbits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-uint64_t dbits(double d) {
-  uint64_t u;
-  std::memcpy(&u, &d, 8);
-  return u;
-}
+uint32_t fbits(float f) { return rrtest::bit_cast<uint32_t>(f); }
+uint64_t dbits(double d) { return rrtest::bit_cast<uint64_t>(d); }
 
 // Mostly ordinary values of mixed magnitudes, and every kind of special: signed zeros,
 // infinities, NaNs with random payloads (quiet and signalling), subnormals, arbitrary patterns.
@@ -332,19 +320,9 @@ void expect_same_bytes(DType t, const std::string& what, const std::vector<unsig
 
 bool supported(DType t, RedOp op) { return unsupported_reason(t, op) == nullptr; }
 
-enum class Alias { None, DstIsA, DstIsB, SameInputs, AllSame };
-const Alias kAliases[] = {Alias::None, Alias::DstIsA, Alias::DstIsB, Alias::SameInputs,
-                          Alias::AllSame};
-const char* alias_name(Alias m) {
-  switch (m) {
-    case Alias::None: return "distinct";
-    case Alias::DstIsA: return "dst==a";
-    case Alias::DstIsB: return "dst==b";
-    case Alias::SameInputs: return "a==b";
-    case Alias::AllSame: return "dst==a==b";
-  }
-  return "?";
-}
+using rrtest::Alias;
+using rrtest::alias_name;
+using rrtest::kAliases;
 
 struct Offsets {
   size_t dst, a, b;  // bytes past a 16-byte boundary
@@ -392,24 +370,7 @@ bool have_device(std::string& why) {
   return true;
 }
 
-// Passes if fn throws a ringreduce::Error whose message names every string in `names`.
-void expect_error_naming(const char* file, int line, const std::function<void()>& fn,
-                         std::initializer_list<const char*> names) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    for (const char* s : names) {
-      if (!std::strstr(e.what(), s)) {
-        rrtest::fail(file, line, "error names what was wrong",
-                     rrtest::message("\"", e.what(), "\" does not contain \"", s, "\""));
-      }
-    }
-    return;
-  }
-  rrtest::fail(file, line, "expected a ringreduce::Error", "nothing was thrown");
-}
-#define EXPECT_ERROR_NAMING(expr, ...) \
-  expect_error_naming(__FILE__, __LINE__, [&] { expr; }, {__VA_ARGS__})
+#define EXPECT_ERROR_NAMING(expr, ...) RR_EXPECT_THROW_NAMING(Error, expr, __VA_ARGS__)
 
 }  // namespace
 
@@ -422,7 +383,7 @@ RR_TEST(reduce_matches_cpu_all_dtypes_ops_counts_offsets_aliasing) {
   const size_t max_bytes = kBig * 16 + kMaxOffset;
   DeviceBuffer dA(max_bytes), dB(max_bytes), dD(max_bytes);
   size_t cases = 0;
-  for (DType t : kAllTypes) {
+  for (DType t : kAllDTypes) {
     const size_t es = dtype_size(t);
     for (size_t n : kCounts) {
       // One draw per dtype and count, shared by its ops and layouts: drawing 2^20 elements costs
@@ -431,7 +392,7 @@ RR_TEST(reduce_matches_cpu_all_dtypes_ops_counts_offsets_aliasing) {
       std::vector<unsigned char> b0 = random_elements(t, n, g);
       drop_double_nans(t, a0, b0, n);
       const size_t bytes = n * es;
-      for (RedOp op : kAllOps) {
+      for (RedOp op : kAllRedOps) {
         if (!supported(t, op)) continue;
         for (const Offsets& off : offsets_for(t, n)) {
           for (Alias mode : kAliases) {
@@ -588,8 +549,8 @@ RR_TEST(reduce_unsupported_and_bad_arguments_throw) {
   StreamGuard stream;
   DeviceBuffer d(256);
   void* p = d.at(0);
-  for (DType t : kAllTypes) {
-    for (RedOp op : kAllOps) {
+  for (DType t : kAllDTypes) {
+    for (RedOp op : kAllRedOps) {
       if (supported(t, op)) continue;
       // Also for n = 0: an invalid combination is a bug whatever the size.
       EXPECT_ERROR_NAMING(cuda::reduce(p, p, p, 1, t, op, stream.get()), dtype_name(t),
@@ -625,7 +586,7 @@ RR_TEST(divide_matches_cpu) {
   const size_t max_bytes = kBig * 16 + kMaxOffset;
   DeviceBuffer dS(max_bytes), dD(max_bytes);
   const int64_t divisors[] = {1, 3, -7, -1};
-  for (DType t : kAllTypes) {
+  for (DType t : kAllDTypes) {
     if (t == DType::Bool) continue;
     const size_t es = dtype_size(t);
     for (size_t n : kCounts) {
