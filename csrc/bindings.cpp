@@ -13,6 +13,7 @@
 #include "backend/ring_backend.h"
 #include "bucket/buckets.h"
 #include "reduce/reduce.h"
+#include "transport/registry.h"
 #include "transport/tcp/wire.h"
 
 namespace py = pybind11;
@@ -62,7 +63,7 @@ PYBIND11_MODULE(_C, m) {
            "Shared-memory segments of this group still linked in /dev/shm (empty once set up).")
       .def_property_readonly(
           "transport",
-          [](const ringreduce::RingBackend& b) { return ringreduce::transport_mode_name(b.config().transport); })
+          [](const ringreduce::RingBackend& b) { return b.config().transport; })
       .def_property_readonly("check_fingerprints",
                              [](const ringreduce::RingBackend& b) { return b.config().check_fingerprints; })
       .def_property_readonly(
@@ -224,6 +225,21 @@ PYBIND11_MODULE(_C, m) {
       },
       "Every value of RINGREDUCE_ALGO and set_algorithm (algo/select.h's list), each a dict of "
       "name, serves (the collectives it carries where it applies) and what.");
+  m.def(
+      "transports",
+      [] {
+        py::list out;
+        for (const ringreduce::TransportKind& k : ringreduce::transport_kinds()) {
+          py::dict d;
+          d["name"] = k.name;
+          d["same_host"] = k.same_host;
+          out.append(d);
+        }
+        return out;
+      },
+      "The transports a group may reach its peers by, in order of preference (transport/registry.h), "
+      "each a dict of name (a value of RINGREDUCE_TRANSPORT) and same_host (it reaches only peers "
+      "on this rank's host).");
   m.def("simd_level", &ringreduce::simd_level,
         "Which copy of the CPU reduction loops this process runs (chosen from the CPU at load time)");
 }

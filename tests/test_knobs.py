@@ -130,6 +130,7 @@ def _knob_table():
     ("RINGREDUCE_CUDA_TRANSPORT", "x", "RINGREDUCE_CUDA_TRANSPORT=x must be auto, ipc or staged"),
     ("RINGREDUCE_ALGO", "fast", "RINGREDUCE_ALGO"),
     ("RINGREDUCE_STREAM", "yes", "RINGREDUCE_STREAM=yes must be auto, plain or stream"),
+    ("RINGREDUCE_TRANSPORT", "ib", "RINGREDUCE_TRANSPORT=ib is not one of auto, shm, tcp"),
 ])
 def test_a_bad_value_fails_naming_the_variable(tmp_path, standin, name, value, message):
     if standin:
@@ -245,3 +246,17 @@ def test_the_algorithm_list_the_knob_text_and_the_docs_agree(knobs):
     out = subprocess.run([sys.executable, "-m", "ringreduce.info", "--algorithms"], capture_output=True,
                          text=True, check=True, cwd=ROOT).stdout.splitlines()
     assert [line.split()[0] for line in out] == names, out
+
+
+def test_the_transport_list_the_knob_text_and_the_docs_agree(knobs):
+    """One list of transports (transport/registry.h, as ringreduce._C.transports()): shared memory
+    first (the group's control), and RINGREDUCE_TRANSPORT's text in the knob table and in
+    docs/knobs.md names each of them."""
+    from ringreduce import load_extension
+    names = [t["name"] for t in load_extension().transports()]
+    assert names[0] == "shm" and load_extension().transports()[0]["same_host"], names
+    meaning = knobs["RINGREDUCE_TRANSPORT"]["meaning"]
+    doc_cell = " ".join(_doc_rows()["RINGREDUCE_TRANSPORT"].values())
+    for n in names:
+        assert re.search(rf"\b{n}\b", meaning), (n, meaning)
+        assert re.search(rf"\b{n}: ", doc_cell), (n, doc_cell)

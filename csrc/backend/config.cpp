@@ -178,7 +178,6 @@ std::string show(uint32_t v) { return std::to_string(v); }
 std::string show(int v) { return std::to_string(v); }
 std::string show(bool v) { return v ? "1" : "0"; }
 std::string show(std::chrono::microseconds v) { return std::to_string(v.count()); }
-std::string show(TransportMode v) { return transport_mode_name(v); }
 std::string show(Algo v) { return algo_name(v); }
 std::string show(SlotWrites::Mode v) { return SlotWrites::name(v); }
 std::string show(const std::string& v) { return v; }

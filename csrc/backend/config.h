@@ -34,7 +34,7 @@ struct Config {
   std::chrono::microseconds async_start{1000};
   // Which transports carry the ring: by probe (auto), shared memory only, or TCP only
   // (RINGREDUCE_TRANSPORT).
-  TransportMode transport = TransportMode::Auto;
+  TransportMode transport = "auto";
   // TCP connections per pair of ranks on different hosts (RINGREDUCE_TCP_SOCKETS).
   uint32_t tcp_sockets = 2;
   // Compare every message's header with the op this rank is in (RINGREDUCE_CHECK_FINGERPRINTS).

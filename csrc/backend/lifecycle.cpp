@@ -24,6 +24,9 @@
 #include "algo/collectives.h"
 #include "algo/messages.h"
 #include "transport/links.h"
+#include "transport/shm/shm_transport.h"
+#include "transport/tcp/address.h"
+#include "transport/tcp/tcp_transport.h"
 
 namespace ringreduce {
 
@@ -117,7 +120,7 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     p2p.shm.window_bytes = 0;  // point-to-point only passes messages
     p2p.shm.doorbells = true;
     p2p.tcp.doorbells = true;
-    p2p_links_ = std::make_unique<Links>(bs, prefix + "p2p/", rank, size, p2p, &links_->local());
+    p2p_links_ = std::make_unique<Links>(bs, prefix + "p2p/", rank, size, p2p, &links_->routes());
     p2p_ = std::make_unique<P2p>(p2p_links_->transport(), [](uint8_t code) {
       return std::string(c10::toString(static_cast<at::ScalarType>(code)));
     });
@@ -135,8 +138,7 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     }
     meta.rank = rank;
     meta.size = size;
-    const size_t remote = links_->tcp_peers().size();
-    meta.transport = remote == 0 ? "shm" : remote + 1 == static_cast<size_t>(size) ? "tcp" : "mixed";
+    meta.transport = links_->carried_by();
     flight_ = std::make_unique<FlightRecorder>(meta, flight_capacity_from_env(rank));
     flight_dir_ = FlightRecorder::default_dir();
     // A rank that is not in an op when a peer aborts the group (the rank the others timed out
@@ -152,20 +154,10 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
       dump_on_failure("the group was aborted while this rank was in no op: " + why);
     });
     if (log::enabled(log::Level::Info)) {
-      std::string shm, tcp;
-      for (int p = 0; p < size; ++p) {
-        if (p == rank) continue;
-        std::string& list = links_->local()[p] ? shm : tcp;
-        list += detail::cat(list.empty() ? "" : ",", p);
-      }
       log::write(log::Level::Info, rank,
                  detail::cat("ringreduce ", RINGREDUCE_VERSION, " (torch ", RINGREDUCE_TORCH_VERSION,
                              ", simd ", simd_level(), "): rank ", rank, " of ", size, ", group ",
-                             prefix, " (flight uid ", meta.group_uid, "); peers over shm: ",
-                             shm.empty() ? "none" : shm,
-                             shm.empty() ? "" : detail::cat(" (segments: ", links_->segments(), ")"),
-                             "; over tcp: ", tcp.empty() ? "none" : tcp,
-                             tcp.empty() ? "" : detail::cat(" (listening on ", links_->tcp_address(), ")"),
+                             prefix, " (flight uid ", meta.group_uid, "); ", links_->describe(),
                              "; ", links_->hosts().describe(), "; algorithms: ", selector.describe(), "; slot writes: ",
                              msgs_->slot_writes().describe(), "; defaults for ", config_.local_ranks_seen,
                              " ranks on rank 0's machine; ", config_.to_string()));
@@ -192,9 +184,19 @@ RingBackend::~RingBackend() {
   if (p2p_) p2p_->shutdown();
 }
 
+namespace {
+
+const ShmTransport* shm_of(const Links& l) { return static_cast<const ShmTransport*>(l.row("shm")); }
+
+}  // namespace
+
 std::vector<std::string> RingBackend::linked_segments() const {
-  auto names = links_->linked_segments();
-  for (auto& n : p2p_links_->linked_segments()) names.push_back(n);
+  std::vector<std::string> names;
+  for (const Links* l : {links_.get(), p2p_links_.get()}) {
+    if (const ShmTransport* shm = shm_of(*l)) {
+      for (auto& n : shm->linked_segments()) names.push_back(n);
+    }
+  }
 #ifdef RINGREDUCE_WITH_CUDA
   for (auto& n : cuda_->linked_segments()) names.push_back(n);
 #endif
@@ -209,7 +211,12 @@ std::string RingBackend::cuda_transport() const {
 #endif
 }
 
-std::vector<int> RingBackend::tcp_peers() const { return links_->tcp_peers(); }
+std::vector<int> RingBackend::tcp_peers() const { return links_->peers_over("tcp"); }
+
+std::string RingBackend::segments() const {
+  const ShmTransport* shm = shm_of(*links_);
+  return shm == nullptr ? "none" : shm->anonymous() ? "memfd" : "/dev/shm";
+}
 
 std::string RingBackend::dump_flight_recorder(const std::string& dir, const std::string& reason) {
   try {
@@ -238,7 +245,10 @@ void RingBackend::dump_on_failure(const std::string& reason) {
   }
 }
 
-std::string RingBackend::tcp_address() const { return links_->tcp_address(); }
+std::string RingBackend::tcp_address() const {
+  const auto* tcp = static_cast<const TcpTransport*>(links_->row("tcp"));
+  return tcp ? tcp->address() : std::string();
+}
 
 void RingBackend::setTimeout(std::chrono::milliseconds timeout) {
   std::lock_guard<std::mutex> lock(mu_);

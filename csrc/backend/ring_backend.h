@@ -149,7 +149,7 @@ class RingBackend final : public c10d::Backend {
   // Segments this group created and still has linked in /dev/shm (empty once set up).
   std::vector<std::string> linked_segments() const;
   // How this group's shared-memory segments were made: "memfd", "/dev/shm" or "none".
-  std::string segments() const { return links_->segments(); }
+  std::string segments() const;
   // Peers this rank reaches over TCP, and the "ip:port" it listens on for them ("" if none).
   std::vector<int> tcp_peers() const;
   std::string tcp_address() const;

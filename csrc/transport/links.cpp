@@ -4,80 +4,108 @@
 
 namespace ringreduce {
 
-TransportMode parse_transport_mode(const std::string& text) {
-  if (text == "auto" || text.empty()) return TransportMode::Auto;
-  if (text == "shm") return TransportMode::Shm;
-  if (text == "tcp") return TransportMode::Tcp;
-  throw Error(detail::cat("ringreduce: RINGREDUCE_TRANSPORT=", text, " is not one of auto, shm, tcp"));
-}
-
-const char* transport_mode_name(TransportMode m) {
-  switch (m) {
-    case TransportMode::Auto: return "auto";
-    case TransportMode::Shm: return "shm";
-    case TransportMode::Tcp: return "tcp";
-  }
-  return "?";
-}
-
 Links::Links(Bootstrap& bs, const std::string& prefix, int rank, int size, const LinkOptions& opts,
-             const std::vector<uint8_t>* local)
+             const std::vector<int8_t>* routes)
     : rank_(rank) {
-  local_.assign(size, 0);
-  if (local != nullptr) {
-    RR_CHECK(local->size() == static_cast<size_t>(size), "ringreduce: ", local->size(),
+  const auto& kinds = transport_kinds();
+  const int forced = opts.mode == "auto" ? -1 : transport_row(opts.mode);
+  RR_CHECK(opts.mode == "auto" || forced >= 0, "ringreduce: no transport named '", opts.mode, "'");
+  if (routes != nullptr) {
+    RR_CHECK(routes->size() == static_cast<size_t>(size), "ringreduce: ", routes->size(),
              " routes for a group of ", size);
-    local_ = *local;
-    local_[rank] = 0;
-    shm_ = std::make_unique<ShmTransport>(bs, prefix, rank, size, opts.shm,
-                                          ShmTransport::Reach::Require, local_);
-  } else if (opts.mode == TransportMode::Shm) {
-    shm_ = std::make_unique<ShmTransport>(bs, prefix, rank, size, opts.shm);
-    for (int p = 0; p < size; ++p) local_[p] = p != rank;
-  } else if (opts.mode == TransportMode::Auto && opts.given_hosts.hosts() > 1) {
+  }
+  const bool fake_hosts = routes == nullptr && forced < 0 && opts.given_hosts.hosts() > 1;
+  routes_.assign(size, -1);
+  std::vector<uint8_t> left(size, 1);
+  left[rank] = 0;
+  rows_.resize(kinds.size());
+  for (size_t i = 0; i < kinds.size(); ++i) {
+    const TransportKind& kind = kinds[i];
+    std::vector<uint8_t> want(size, 0);
+    bool probe = false;
+    bool any = false;
     for (int p = 0; p < size; ++p) {
-      local_[p] = p != rank && opts.given_hosts.host_of(p) == opts.given_hosts.host_of(rank);
+      if (!left[p]) continue;
+      if (routes != nullptr) {
+        want[p] = (*routes)[p] == static_cast<int8_t>(i);
+      } else if (forced >= 0) {
+        want[p] = forced == static_cast<int>(i);
+      } else if (fake_hosts) {
+        want[p] = !kind.same_host ||
+                  opts.given_hosts.host_of(p) == opts.given_hosts.host_of(rank);
+      } else {
+        want[p] = 1;
+        probe = true;
+      }
+      any = any || want[p];
     }
-    shm_ = std::make_unique<ShmTransport>(bs, prefix, rank, size, opts.shm,
-                                          ShmTransport::Reach::Require, local_);
-  } else if (opts.mode == TransportMode::Auto) {
-    shm_ = std::make_unique<ShmTransport>(bs, prefix, rank, size, opts.shm,
-                                          ShmTransport::Reach::Probe);
-    for (int p = 0; p < size; ++p) local_[p] = shm_->is_local(p);
-  } else {
-    // RINGREDUCE_TRANSPORT=tcp: shared memory only as this rank's own segment (its abort flag).
-    shm_ = std::make_unique<ShmTransport>(bs, prefix, rank, size, opts.shm,
-                                          ShmTransport::Reach::Require, local_);
+    if (i > 0 && !any) continue;  // the first row is made by every rank: it is the control
+    std::vector<uint8_t> reached(size, 0);
+    const LinkSetup setup{bs, prefix, rank, size, opts, rows_[0].get()};
+    rows_[i] = kind.make(setup, want, probe, reached);
+    for (int p = 0; p < size; ++p) {
+      if (!want[p] || !reached[p]) continue;
+      routes_[p] = static_cast<int8_t>(i);
+      left[p] = 0;
+    }
   }
-  std::vector<uint8_t> remote(size, 0);
-  bool any = false;
   for (int p = 0; p < size; ++p) {
-    remote[p] = p != rank && !local_[p];
-    any = any || remote[p];
+    RR_CHECK(!left[p], "ringreduce: rank ", rank, " has no transport to rank ", p,
+             " (RINGREDUCE_TRANSPORT=", opts.mode, ")");
   }
-  if (!any) return;  // every peer on this host: shared memory alone, as the ring's only transport
-  if (local == nullptr) {
-    hosts_ = opts.mode == TransportMode::Auto && opts.given_hosts.hosts() > 1
-                 ? opts.given_hosts
-                 : HostLayout::agree(bs, prefix, rank, size, local_);
+  bool one_row = true;
+  for (int p = 0; p < size; ++p) one_row = one_row && (p == rank || routes_[p] == 0);
+  if (one_row) return;  // every peer through the control: it alone is the ring's transport
+  if (routes == nullptr) {
+    std::vector<uint8_t> local(size, 0);
+    for (int p = 0; p < size; ++p) local[p] = p != rank && kinds[routes_[p]].same_host;
+    hosts_ = fake_hosts ? opts.given_hosts : HostLayout::agree(bs, prefix, rank, size, local);
   }
-  TcpConfig tc = opts.tcp;
-  if (opts.listen_address) tc.listen_address = opts.listen_address();
-  tcp_ = std::make_unique<TcpTransport>(bs, prefix, rank, size, tc, remote,
-                                        RoutedTransport::hooks_beside(shm_.get()));
-  routed_ = std::make_unique<RoutedTransport>(rank, size, shm_.get(), tcp_.get(), remote);
+  std::vector<Transport*> rows;
+  for (auto& t : rows_) rows.push_back(t.get());
+  routed_ = std::make_unique<RoutedTransport>(rank, size, std::move(rows), routes_);
 }
 
-std::vector<int> Links::tcp_peers() const {
+// The later rows report to the first: they go before it.
+Links::~Links() {
+  routed_.reset();
+  for (size_t i = rows_.size(); i-- > 0;) rows_[i].reset();
+}
+
+Transport* Links::row(const char* name) const {
+  const int i = transport_row(name);
+  return i < 0 ? nullptr : rows_[static_cast<size_t>(i)].get();
+}
+
+std::vector<int> Links::peers_over(const char* name) const {
+  const int i = transport_row(name);
   std::vector<int> out;
-  for (int p = 0; p < static_cast<int>(local_.size()); ++p) {
-    if (tcp_ && p != rank_ && !local_[p]) out.push_back(p);
+  for (int p = 0; p < static_cast<int>(routes_.size()); ++p) {
+    if (p != rank_ && routes_[p] == i) out.push_back(p);
   }
   return out;
 }
 
-std::vector<std::string> Links::linked_segments() const {
-  return shm_ ? shm_->linked_segments() : std::vector<std::string>{};
+std::string Links::carried_by() const {
+  int only = -2;
+  for (int p = 0; p < static_cast<int>(routes_.size()); ++p) {
+    if (p == rank_) continue;
+    if (only == -2) only = routes_[p];
+    if (routes_[p] != only) return "mixed";
+  }
+  return transport_kinds()[only < 0 ? 0 : static_cast<size_t>(only)].name;
+}
+
+std::string Links::describe() const {
+  const auto& kinds = transport_kinds();
+  std::string out = "peers over ";
+  for (size_t i = 0; i < kinds.size(); ++i) {
+    std::string list;
+    for (int p : peers_over(kinds[i].name)) list += detail::cat(list.empty() ? "" : ",", p);
+    out += detail::cat(i == 0 ? "" : "; over ", kinds[i].name, ": ", list.empty() ? "none" : list);
+    if (!list.empty()) out += detail::cat(" (", kinds[i].note(*rows_[i]), ")");
+  }
+  return out;
 }
 
 }  // namespace ringreduce

@@ -1,68 +1,50 @@
-// The transports of one group, chosen per peer by a probe through the store: shared memory with
-// the peers whose segments this rank can open (and that can open its own), TCP with the others.
-// The ring and the point-to-point engine see one Transport either way.
+// The transports of one group, chosen per peer by a probe through the store (transport/registry.h):
+// shared memory with the peers whose segments this rank can open (and that can open its own), TCP
+// with the others. The ring and the point-to-point engine see one Transport either way.
 #pragma once
 
-#include <chrono>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "transport/hosts.h"
+#include "transport/registry.h"
 #include "transport/routed.h"
-#include "transport/shm/shm_transport.h"
-#include "transport/tcp/address.h"  // choose_listen_address, for LinkOptions::listen_address
-#include "transport/tcp/tcp_transport.h"
 
 namespace ringreduce {
 
-enum class TransportMode { Auto, Shm, Tcp };
-// "auto", "shm", "tcp" (RINGREDUCE_TRANSPORT); throws naming the variable otherwise.
-TransportMode parse_transport_mode(const std::string& text);
-const char* transport_mode_name(TransportMode m);
-
-struct LinkOptions {
-  TransportMode mode = TransportMode::Auto;
-  ShmConfig shm;
-  TcpConfig tcp;  // its listen_address is filled from listen_address() when TCP is needed
-  std::function<std::string()> listen_address;
-  // Hosts given instead of probed (RINGREDUCE_FAKE_HOSTS, with mode Auto): peers on this rank's
-  // host are reached through shared memory, the others over TCP, as if on other machines.
-  HostLayout given_hosts;
-};
-
 class Links {
  public:
-  // Collective over the group. With `local` given (the routes another Links of the same group
-  // found), no probe is run: peers with local[p] use shared memory, the others TCP.
+  // Collective over the group. With `routes` given (those another Links of the same group found),
+  // no probe is run: each peer is reached by the row that carries it there.
   Links(Bootstrap& bs, const std::string& prefix, int rank, int size, const LinkOptions& opts,
-        const std::vector<uint8_t>* local = nullptr);
+        const std::vector<int8_t>* routes = nullptr);
+  ~Links();
+  Links(const Links&) = delete;
+  Links& operator=(const Links&) = delete;
 
-  Transport& transport() { return routed_ ? static_cast<Transport&>(*routed_) : *shm_; }
-  // local()[p]: p is reached through shared memory.
-  const std::vector<uint8_t>& local() const { return local_; }
-  // How the shared-memory segments were made: "memfd" (no name), "/dev/shm" (named, unlinked
-  // once mapped), or "none" (no shared memory).
-  const char* segments() const {
-    return shm_ == nullptr ? "none" : shm_->anonymous() ? "memfd" : "/dev/shm";
-  }
-  std::vector<int> tcp_peers() const;
-  std::vector<std::string> linked_segments() const;
-  // "ip:port" this rank listens on for TCP peers, "" without any.
-  std::string tcp_address() const { return tcp_ ? tcp_->address() : std::string(); }
-  const TcpTransport* tcp() const { return tcp_.get(); }
+  Transport& transport() { return routed_ ? static_cast<Transport&>(*routed_) : *rows_[0]; }
+  // routes()[p]: the row of transport_kinds() that carries peer p (-1 for this rank).
+  const std::vector<int8_t>& routes() const { return routes_; }
+  // The transport of the row named `name`, or null where this rank made none.
+  Transport* row(const char* name) const;
+  // The peers the row named `name` carries, in rank order.
+  std::vector<int> peers_over(const char* name) const;
+  // "shm", "tcp", ...: the one row that carries every peer, or "mixed"; the first row's name in
+  // a group of one.
+  std::string carried_by() const;
+  // "peers over shm: 1,2 (segments: memfd); over tcp: none": each row, its peers and its set-up.
+  std::string describe() const;
   // Which host each rank is on (HostLayout::agree over the routes, or the given hosts); one host
   // for links built from another's routes.
   const HostLayout& hosts() const { return hosts_; }
 
  private:
   int rank_;
-  std::vector<uint8_t> local_;
+  std::vector<int8_t> routes_;
   HostLayout hosts_;
-  std::unique_ptr<ShmTransport> shm_;
-  std::unique_ptr<TcpTransport> tcp_;  // after shm_: its hooks point at it
+  std::vector<std::unique_ptr<Transport>> rows_;  // index as transport_kinds(); a later row reports to the first
   std::unique_ptr<RoutedTransport> routed_;
 };
 

@@ -1,55 +1,58 @@
 #include "transport/routed.h"
 
+#include <algorithm>
+
 #include "common/error.h"
 
 namespace ringreduce {
 
-RoutedTransport::RoutedTransport(int rank, int size, ShmTransport* shm, TcpTransport* tcp,
-                                 std::vector<uint8_t> over_tcp)
-    : rank_(rank), size_(size), shm_(shm), tcp_(tcp), over_tcp_(std::move(over_tcp)) {
-  RR_CHECK(over_tcp_.size() == static_cast<size_t>(size), "ringreduce: ", over_tcp_.size(),
+RoutedTransport::RoutedTransport(int rank, int size, std::vector<Transport*> rows,
+                                 std::vector<int8_t> route)
+    : rank_(rank), size_(size), route_(std::move(route)) {
+  RR_CHECK(route_.size() == static_cast<size_t>(size), "ringreduce: ", route_.size(),
            " routes for a group of ", size);
+  RR_CHECK(!rows.empty() && rows[0] != nullptr, "ringreduce: a routed group without its control");
+  // Only the rows in use, so that every call over all of them touches no idle one; route_ is
+  // renumbered to match.
+  std::vector<int8_t> index(rows.size(), -1);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const bool used = i == 0 || std::find(route_.begin(), route_.end(), static_cast<int8_t>(i)) != route_.end();
+    if (!used) continue;
+    RR_CHECK(rows[i] != nullptr, "ringreduce: rank ", rank, " routes peers to transport ", i,
+             ", which was not made");
+    index[i] = static_cast<int8_t>(rows_.size());
+    rows_.push_back(rows[i]);
+  }
   for (int p = 0; p < size; ++p) {
     if (p == rank) continue;
-    RR_CHECK(over_tcp_[p] ? tcp_ != nullptr : (shm_ != nullptr && shm_->is_local(p)),
-             "ringreduce: rank ", rank, " has no transport to rank ", p);
+    RR_CHECK(route_[p] >= 0 && static_cast<size_t>(route_[p]) < rows.size(), "ringreduce: rank ",
+             rank, " has no transport to rank ", p);
+    route_[p] = index[static_cast<size_t>(route_[p])];
   }
-  if (shm_) shm_->follow_chains_through(this);
-  if (tcp_) tcp_->follow_chains_through(this);
-}
-
-TcpHooks RoutedTransport::hooks_beside(ShmTransport* shm) {
-  TcpHooks h;
-  if (shm == nullptr) return h;
-  h.on_abort = [shm](const std::string& why) { shm->abort_group(why); };
-  h.external_abort = [shm] { return shm->abort_reason(); };
-  h.ring_doorbell = [shm] { shm->ring_doorbell(); };
-  h.own_state = [shm] { return shm->own_state(); };
-  h.note_state = [shm](uint64_t op_seq, int32_t blocked_on) { shm->note_state(op_seq, blocked_on); };
-  return h;
+  for (Transport* t : rows_) t->follow_chains_through(this);
 }
 
 size_t RoutedTransport::max_payload() const {
-  if (shm_ && tcp_) return std::min(shm_->max_payload(), tcp_->max_payload());
-  return shm_ ? shm_->max_payload() : tcp_->max_payload();
+  size_t m = rows_[0]->max_payload();
+  for (const Transport* t : rows_) m = std::min(m, t->max_payload());
+  return m;
 }
 
 Transport& RoutedTransport::to(int peer) const {
   RR_CHECK(peer >= 0 && peer < size_ && peer != rank_, "ringreduce: rank ", rank_,
            " names invalid peer ", peer, " (world size ", size_, ")");
-  if (over_tcp_[peer]) return *tcp_;
-  return *shm_;
+  return *rows_[static_cast<size_t>(route_[peer])];
 }
 
 void RoutedTransport::cross_abort() {
-  if (shm_ == nullptr || tcp_ == nullptr) return;
-  const std::string s = shm_->abort_reason();
-  if (!s.empty()) tcp_->abort_group(s);
-  const std::string t = tcp_->abort_reason();
-  if (!t.empty()) shm_->abort_group(t);
+  const std::string why = abort_reason();
+  if (why.empty()) return;
+  for (Transport* t : rows_) {
+    if (t->abort_reason().empty()) t->abort_group(why);
+  }
 }
 
-// Every blocking call: an error from one side is the whole group's.
+// Every blocking call: an error from one row is the whole group's.
 #define RR_ROUTED(call)   \
   try {                   \
     return call;          \
@@ -83,45 +86,35 @@ void RoutedTransport::land_recvs(int peer, LandFn land) { to(peer).land_recvs(pe
 
 void RoutedTransport::stop_landing(int peer) { to(peer).stop_landing(peer); }
 
-// With shared memory present, the TCP side rings the shared-memory doorbell (hooks_beside), so
-// one doorbell covers both.
-uint32_t RoutedTransport::doorbell() const { return shm_ ? shm_->doorbell() : tcp_->doorbell(); }
+// The other rows ring the control's doorbell (TcpHooks::beside), so one doorbell covers all.
+uint32_t RoutedTransport::doorbell() const { return rows_[0]->doorbell(); }
 
-void RoutedTransport::ring_doorbell() {
-  if (shm_) {
-    shm_->ring_doorbell();
-  } else {
-    tcp_->ring_doorbell();
-  }
-}
+void RoutedTransport::ring_doorbell() { rows_[0]->ring_doorbell(); }
 
 void RoutedTransport::wait_doorbell(uint32_t seen, std::chrono::nanoseconds at_most) {
-  if (shm_) {
-    shm_->wait_doorbell(seen, at_most);
-  } else {
-    tcp_->wait_doorbell(seen, at_most);
-  }
+  rows_[0]->wait_doorbell(seen, at_most);
 }
 
 void RoutedTransport::abort_group(const std::string& why) {
-  if (shm_) shm_->abort_group(why);
-  if (tcp_) tcp_->abort_group(why);
+  for (Transport* t : rows_) t->abort_group(why);
 }
 
 std::string RoutedTransport::abort_reason() const {
-  std::string r = shm_ ? shm_->abort_reason() : std::string();
-  if (r.empty() && tcp_) r = tcp_->abort_reason();
-  return r;
+  for (const Transport* t : rows_) {
+    std::string r = t->abort_reason();
+    if (!r.empty()) return r;
+  }
+  return "";
 }
 
 void RoutedTransport::note_state(uint64_t op_seq, int32_t blocked_on) {
-  if (shm_) shm_->note_state(op_seq, blocked_on);
-  if (tcp_) tcp_->note_state(op_seq, blocked_on);
+  for (Transport* t : rows_) t->note_state(op_seq, blocked_on);
 }
 
 PeerState RoutedTransport::own_state() const {
-  // The TCP side merges in the shared-memory side's (hooks_beside).
-  return tcp_ ? tcp_->own_state() : shm_->own_state();
+  PeerState s = rows_[0]->own_state();
+  for (size_t i = 1; i < rows_.size(); ++i) s = later_of(s, rows_[i]->own_state());
+  return s;
 }
 
 PeerState RoutedTransport::peer_state(int peer, const Deadline& dl) {

@@ -1,32 +1,26 @@
-// A group whose ranks span hosts: each peer is reached through shared memory when the probe found
-// it on this host, and over TCP otherwise. The ring sees one Transport; which one carries a hop
-// is decided here, per peer, once.
+// A group whose peers are reached by more than one transport (transport/registry.h): each peer by
+// the row the link probe chose for it, decided once. The ring sees one Transport.
 //
-// Aborts cross over: an error raised by either side aborts the other too (so a rank that times out
-// on a shared-memory hop also stops its TCP peers, and a peer lost over TCP stops the local ones),
-// and the TCP side polls the shared-memory side's abort flag in its waits.
+// Aborts cross over: an error raised by any row aborts the others too (so a rank that times out
+// on a shared-memory hop also stops its TCP peers, and a peer lost over TCP stops the local ones).
+// The first row is the group's control: the other rows report to it (their aborts, doorbell rings
+// and this rank's state), so its doorbell and abort flag cover the whole group.
 //
-// Timeouts: both sides follow chains of waits through this transport, so a chain that crosses
-// hosts is followed over both.
+// Timeouts: every row follows chains of waits through this transport, so a chain that crosses
+// hosts is followed over all of them.
 #pragma once
 
-#include <memory>
+#include <cstdint>
 #include <vector>
 
-#include "transport/shm/shm_transport.h"
-#include "transport/tcp/tcp_transport.h"
 #include "transport/transport.h"
 
 namespace ringreduce {
 
 class RoutedTransport final : public Transport {
  public:
-  // Either may be null; a peer goes over TCP where over_tcp[peer] is set.
-  RoutedTransport(int rank, int size, ShmTransport* shm, TcpTransport* tcp,
-                  std::vector<uint8_t> over_tcp);
-
-  // The hooks a TCP transport built for a group with `shm` needs to work beside it.
-  static TcpHooks hooks_beside(ShmTransport* shm);
+  // rows[0] is the control and is never null; rows[route[p]] carries peer p (route[rank] is -1).
+  RoutedTransport(int rank, int size, std::vector<Transport*> rows, std::vector<int8_t> route);
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -43,7 +37,7 @@ class RoutedTransport final : public Transport {
   void wait_doorbell(uint32_t seen, std::chrono::nanoseconds at_most) override;
   void abort_group(const std::string& why) override;
   std::string abort_reason() const override;
-  // This rank's state is split between the two: the later op wins, with whom it waits for there.
+  // This rank's state is split between the rows: the later op wins, with whom it waits for there.
   PeerState own_state() const override;
   void note_state(uint64_t op_seq, int32_t blocked_on) override;
   PeerState peer_state(int peer, const Deadline& dl) override;
@@ -53,13 +47,12 @@ class RoutedTransport final : public Transport {
 
  private:
   Transport& to(int peer) const;
-  void cross_abort();  // after an error from either side: abort the other with the same reason
+  void cross_abort();  // after an error from any row: abort the others with the same reason
 
   int rank_;
   int size_;
-  ShmTransport* shm_;
-  TcpTransport* tcp_;
-  std::vector<uint8_t> over_tcp_;
+  std::vector<Transport*> rows_;  // those that carry a peer, the control first
+  std::vector<int8_t> route_;     // index into rows_ per peer
 };
 
 }  // namespace ringreduce

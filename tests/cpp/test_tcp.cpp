@@ -22,6 +22,8 @@
 #include "algo/ring.h"
 #include "rrtest.h"
 #include "transport/routed.h"
+#include "transport/shm/shm_transport.h"
+#include "transport/tcp/tcp_transport.h"
 #include "transport/tcp/wire.h"
 
 using namespace ringreduce;
@@ -67,9 +69,11 @@ RankTransports make_transports(MapBootstrap& bs, const std::string& prefix, int 
   tc.sockets = sockets;
   tc.listen_address = "127.0.0.1";
   tc.connect_timeout = milliseconds(20000);
-  t.tcp = std::make_unique<TcpTransport>(bs, prefix, r, n, tc, remote,
-                                         RoutedTransport::hooks_beside(t.shm.get()));
-  t.routed = std::make_unique<RoutedTransport>(r, n, t.shm.get(), t.tcp.get(), remote);
+  t.tcp = std::make_unique<TcpTransport>(bs, prefix, r, n, tc, remote, TcpHooks::beside(t.shm.get()));
+  std::vector<int8_t> route(n, 0);
+  for (int p = 0; p < n; ++p) route[p] = p == r ? -1 : remote[p] ? 1 : 0;
+  t.routed = std::make_unique<RoutedTransport>(r, n, std::vector<Transport*>{t.shm.get(), t.tcp.get()},
+                                               route);
   return t;
 }
 

@@ -17,6 +17,19 @@
 
 namespace ringreduce {
 
+TcpHooks TcpHooks::beside(Transport* control) {
+  TcpHooks h;
+  if (control == nullptr) return h;
+  h.on_abort = [control](const std::string& why) { control->abort_group(why); };
+  h.external_abort = [control] { return control->abort_reason(); };
+  h.ring_doorbell = [control] { control->ring_doorbell(); };
+  h.own_state = [control] { return control->own_state(); };
+  h.note_state = [control](uint64_t op_seq, int32_t blocked_on) {
+    control->note_state(op_seq, blocked_on);
+  };
+  return h;
+}
+
 namespace {
 
 // At teardown, how long the Bye frames may take to leave.

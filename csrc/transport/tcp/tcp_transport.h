@@ -76,6 +76,10 @@ struct TcpHooks {
   // Told where this rank stands whenever a wait here enters an op or starts or stops sleeping,
   // so that peers on the other side (which read it from shared memory) see it too.
   std::function<void(uint64_t op_seq, int32_t blocked_on)> note_state;
+
+  // The hooks of a TCP transport made beside the group's control (transport/registry.h): its
+  // aborts, doorbell rings and this rank's state go there too. None where control is null.
+  static TcpHooks beside(Transport* control);
 };
 
 class TcpTransport final : public Transport {
