@@ -32,6 +32,18 @@ T wire_struct(const py::bytes& bytes, const char* what) {
   return out;
 }
 
+// A list of rows as a Python list of dicts, each filled by fill(dict, row).
+template <class Row, class Fill>
+py::list as_dicts(const std::vector<Row>& rows, Fill fill) {
+  py::list out;
+  for (const Row& r : rows) {
+    py::dict d;
+    fill(d, r);
+    out.append(d);
+  }
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -213,29 +225,21 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "algorithms",
       [] {
-        py::list out;
-        for (const ringreduce::AlgoInfo& a : ringreduce::algorithm_list()) {
-          py::dict d;
+        return as_dicts(ringreduce::algorithm_list(), [](py::dict& d, const ringreduce::AlgoInfo& a) {
           d["name"] = a.name;
           d["serves"] = a.serves;
           d["what"] = a.what;
-          out.append(d);
-        }
-        return out;
+        });
       },
       "Every value of RINGREDUCE_ALGO and set_algorithm (algo/select.h's list), each a dict of "
       "name, serves (the collectives it carries where it applies) and what.");
   m.def(
       "transports",
       [] {
-        py::list out;
-        for (const ringreduce::TransportKind& k : ringreduce::transport_kinds()) {
-          py::dict d;
+        return as_dicts(ringreduce::transport_kinds(), [](py::dict& d, const ringreduce::TransportKind& k) {
           d["name"] = k.name;
           d["same_host"] = k.same_host;
-          out.append(d);
-        }
-        return out;
+        });
       },
       "The transports a group may reach its peers by, in order of preference (transport/registry.h), "
       "each a dict of name (a value of RINGREDUCE_TRANSPORT) and same_host (it reaches only peers "
