@@ -67,7 +67,7 @@ bool Config::oversubscribed(int local_ranks) {
 }
 
 std::chrono::microseconds Config::default_spin(int local_ranks) {
-  return std::chrono::microseconds(oversubscribed(local_ranks) ? 2 : 50);
+  return std::chrono::microseconds(oversubscribed(local_ranks) ? 1 : 50);
 }
 
 std::chrono::microseconds Config::default_yield(int local_ranks) {

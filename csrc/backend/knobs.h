@@ -49,7 +49,7 @@ struct Knob {
     "how large ops write the slots a peer reads next: auto (measured), plain or stream")             \
   X(stream_bytes, "RINGREDUCE_STREAM_BYTES", Bytes, "64K",                                           \
     "the smallest op that RINGREDUCE_STREAM applies to; smaller ones write plainly")                 \
-  X(spin, "RINGREDUCE_SPIN_US", Count, "50; 2 with more ranks than CPUs",                             \
+  X(spin, "RINGREDUCE_SPIN_US", Count, "50; 1 with more ranks than CPUs",                             \
     "how long a waiting rank spins before it sleeps on a futex, in microseconds")                    \
   X(yield, "RINGREDUCE_YIELD_US", Count, "0; 2000 with more ranks than CPUs",                         \
     "then how long it yields its CPU before it sleeps, in microseconds")                             \
