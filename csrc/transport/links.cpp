@@ -8,8 +8,9 @@ Links::Links(Bootstrap& bs, const std::string& prefix, int rank, int size, const
              const std::vector<int8_t>* routes)
     : rank_(rank) {
   const auto& kinds = transport_kinds();
-  const int forced = opts.mode == "auto" ? -1 : transport_row(opts.mode);
-  RR_CHECK(opts.mode == "auto" || forced >= 0, "ringreduce: no transport named '", opts.mode, "'");
+  const bool automatic = opts.mode == "auto" || opts.mode.empty();
+  const int forced = automatic ? -1 : transport_row(opts.mode);
+  RR_CHECK(automatic || forced >= 0, "ringreduce: no transport named '", opts.mode, "'");
   if (routes != nullptr) {
     RR_CHECK(routes->size() == static_cast<size_t>(size), "ringreduce: ", routes->size(),
              " routes for a group of ", size);
@@ -64,12 +65,6 @@ Links::Links(Bootstrap& bs, const std::string& prefix, int rank, int size, const
   std::vector<Transport*> rows;
   for (auto& t : rows_) rows.push_back(t.get());
   routed_ = std::make_unique<RoutedTransport>(rank, size, std::move(rows), routes_);
-}
-
-// The later rows report to the first: they go before it.
-Links::~Links() {
-  routed_.reset();
-  for (size_t i = rows_.size(); i-- > 0;) rows_[i].reset();
 }
 
 Transport* Links::row(const char* name) const {

@@ -20,7 +20,6 @@ class Links {
   // no probe is run: each peer is reached by the row that carries it there.
   Links(Bootstrap& bs, const std::string& prefix, int rank, int size, const LinkOptions& opts,
         const std::vector<int8_t>* routes = nullptr);
-  ~Links();
   Links(const Links&) = delete;
   Links& operator=(const Links&) = delete;
 
@@ -44,8 +43,18 @@ class Links {
   int rank_;
   std::vector<int8_t> routes_;
   HostLayout hosts_;
-  std::vector<std::unique_ptr<Transport>> rows_;  // index as transport_kinds(); a later row reports to the first
-  std::unique_ptr<RoutedTransport> routed_;
+  // Index as transport_kinds(). A later row reports to the first (its I/O thread may call into
+  // it until it is gone), so the rows go last to first, a failed constructor's included.
+  struct Rows : std::vector<std::unique_ptr<Transport>> {
+    Rows() = default;
+    Rows(const Rows&) = delete;
+    Rows& operator=(const Rows&) = delete;
+    ~Rows() {
+      for (size_t i = size(); i-- > 0;) (*this)[i].reset();
+    }
+  };
+  Rows rows_;
+  std::unique_ptr<RoutedTransport> routed_;  // after rows_: it goes first
 };
 
 }  // namespace ringreduce

@@ -47,9 +47,7 @@ Transport& RoutedTransport::to(int peer) const {
 void RoutedTransport::cross_abort() {
   const std::string why = abort_reason();
   if (why.empty()) return;
-  for (Transport* t : rows_) {
-    if (t->abort_reason().empty()) t->abort_group(why);
-  }
+  for (Transport* t : rows_) t->abort_group(why);  // the first reason a row recorded stays
 }
 
 // Every blocking call: an error from one row is the whole group's.
@@ -113,7 +111,7 @@ void RoutedTransport::note_state(uint64_t op_seq, int32_t blocked_on) {
 
 PeerState RoutedTransport::own_state() const {
   PeerState s = rows_[0]->own_state();
-  for (size_t i = 1; i < rows_.size(); ++i) s = later_of(s, rows_[i]->own_state());
+  for (size_t i = 1; i < rows_.size(); ++i) s = later_of(rows_[i]->own_state(), s);
   return s;
 }
 
