@@ -5,6 +5,8 @@ ringreduce.all_gather_into_tensor_ (csrc/backend/direct_ops.cpp, ringreduce/dire
 - Against dist.all_reduce / dist.all_gather_into_tensor on the same inputs, bit for bit: every
   dtype and op, worlds 1, 2 and 4, contiguous and not, the default group and another group.
 - Traced by torch.compile with fullgraph=True, and run.
+- The version of the tensor they write moves, as an in-place op's does, so autograd refuses a
+  backward that saved it.
 - Bad calls fail with errors that name the op: an unknown op, a group that does not exist.
 - A desync between the direct op and the backend path fails every rank; a rank killed inside the
   direct op fails every survivor, naming it.
@@ -105,6 +107,47 @@ def test_direct_ops_compile_with_fullgraph(ranks, backend, world):
     if backend != "ringreduce":
         pytest.skip("ringreduce's direct ops")
     harness.check_results(ranks(world).run(_rank_compiled, timeout=300))
+
+
+def _rank_versions(ctx):
+    import torch
+    import ringreduce
+
+    failures = []
+    n = ctx.world_size
+    t = torch.ones(4)
+    v = t._version
+    ringreduce.all_reduce_(t)
+    out = torch.empty(4 * n)
+    w = out._version
+    ringreduce.all_gather_into_tensor_(out, torch.ones(4))
+    if (t._version - v, out._version - w) != (1, 1):
+        failures.append(f"rank {ctx.rank}: versions moved by {t._version - v} and {out._version - w}, not 1")
+    # sigmoid's backward uses its output: once the op has written over it, backward refuses.
+    x = torch.randn(4, requires_grad=True)
+    y = x.sigmoid()
+    ringreduce.all_reduce_(y)
+    try:
+        y.sum().backward()
+        failures.append(f"rank {ctx.rank}: backward ran on a saved tensor the op wrote over")
+    except RuntimeError as e:
+        if "modified by an inplace operation" not in str(e):
+            failures.append(f"rank {ctx.rank}: unexpected error {e}")
+    # Under no_grad and in inference mode the op runs as before.
+    with torch.inference_mode():
+        u = torch.ones(4)
+        ringreduce.all_reduce_(u)
+    if not torch.equal(u, torch.full((4,), float(n))):
+        failures.append(f"rank {ctx.rank}: inference-mode result {u}")
+    return failures, {}
+
+
+def test_the_direct_ops_bump_the_version_of_what_they_write(ranks, backend):
+    """As torch's own in-place ops do: a backward that saved the tensor refuses to use what the
+    op wrote over it, instead of computing a wrong gradient."""
+    if backend != "ringreduce":
+        pytest.skip("ringreduce's direct ops")
+    harness.check_results(ranks(2).run(_rank_versions, timeout=120))
 
 
 def _rank_bad_calls(ctx):

@@ -20,6 +20,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <chrono>
 #include <string>
@@ -98,6 +99,34 @@ void all_gather_into_tensor_cpu(at::Tensor out, const at::Tensor& in, c10::strin
 void all_reduce_meta(at::Tensor, c10::string_view, c10::string_view) {}
 void all_gather_into_tensor_meta(at::Tensor, const at::Tensor&, c10::string_view) {}
 
+// The Autograd kernels. The ops are not differentiable; what an in-place op owes autograd is the
+// version bump of the tensor it writes, so that a backward that saved it refuses to run on what
+// the op wrote over. Without these, each call went through torch's boxed autograd fallback, which
+// bumps nothing and cost 0.11 us of the 0.37 us an all-reduce takes at world size 1.
+template <class... Args>
+void below_autograd(const c10::TypedOperatorHandle<void(at::Tensor, Args...)>& op, at::Tensor written,
+                    Args... args) {
+  {
+    at::AutoDispatchBelowADInplaceOrView below;
+    op.call(written, args...);
+  }
+  if (!written.is_inference()) torch::autograd::impl::bump_version(written);
+}
+
+void all_reduce_autograd(at::Tensor t, c10::string_view op, c10::string_view group) {
+  static const auto handle = c10::Dispatcher::singleton()
+                                 .findSchemaOrThrow("ringreduce::all_reduce_", "")
+                                 .typed<void(at::Tensor, c10::string_view, c10::string_view)>();
+  below_autograd(handle, t, op, group);
+}
+
+void all_gather_into_tensor_autograd(at::Tensor out, const at::Tensor& in, c10::string_view group) {
+  static const auto handle = c10::Dispatcher::singleton()
+                                 .findSchemaOrThrow("ringreduce::all_gather_into_tensor_", "")
+                                 .typed<void(at::Tensor, const at::Tensor&, c10::string_view)>();
+  below_autograd<const at::Tensor&, c10::string_view>(handle, out, in, group);
+}
+
 }  // namespace
 
 void RingBackend::allreduce_now(const at::Tensor& t, const c10d::AllreduceOptions& opts) {
@@ -159,6 +188,11 @@ TORCH_LIBRARY(ringreduce, m) {
 TORCH_LIBRARY_IMPL(ringreduce, CPU, m) {
   m.impl("all_reduce_", &ringreduce::all_reduce_cpu);
   m.impl("all_gather_into_tensor_", &ringreduce::all_gather_into_tensor_cpu);
+}
+
+TORCH_LIBRARY_IMPL(ringreduce, Autograd, m) {
+  m.impl("all_reduce_", &ringreduce::all_reduce_autograd);
+  m.impl("all_gather_into_tensor_", &ringreduce::all_gather_into_tensor_autograd);
 }
 
 TORCH_LIBRARY_IMPL(ringreduce, Meta, m) {
