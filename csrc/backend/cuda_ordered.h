@@ -7,11 +7,16 @@
 // at once; isCompleted() asks the op's end event; the future completes on the op's stream.
 //
 // A watchdog thread, running only while ops are in flight, looks at each op's end event every
-// millisecond. An op that does not end by its deadline, a peer process that dies, or an abort of
-// the group's host side makes it abort the window: its waits are released on the device, the
-// kernels behind them write nothing (the callers' tensors stay as they were), the group's host side
-// is aborted too (the peers learn it), and every op in flight fails with a message that names the
-// op, the rank and the cause.
+// millisecond. An op that does not end by its deadline, a peer process that dies, ranks whose
+// calls disagree (found on the device), or an abort of the group's host side makes it abort the
+// window: its waits are released on the device, the kernels behind them write nothing (the
+// callers' tensors stay as they were), the group's host side is aborted too (the peers learn it),
+// and every op in flight fails with a message that names the op, the rank and the cause.
+//
+// An op called while the caller's stream is captured into a CUDA graph goes into the graph and
+// runs at each replay. Replays run with no host code, so once a group has captured an op its
+// watchdog looks at the peers every 100 ms for as long as the group lives: a dead peer, a
+// disagreement or an abort then releases a replay's waits as it does an op's.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -60,8 +65,11 @@ class CudaOrdered {
                                            std::chrono::milliseconds timeout,
                                            c10::cuda::CUDAStream comm, c10::cuda::CUDAStream caller);
   // Returns once no op is in flight: each has ended on the device or failed (then its waits were
-  // released). Before the group's window goes away.
+  // released). Before the group's window goes away; the watchdog stops looking at the peers for
+  // replays.
   void quiesce();
+  // Whether an op was captured in a CUDA graph (replays may run on any stream).
+  bool captured() const;
   // The window's memory stays allocated when this goes (DeviceWindow::keep_memory).
   void keep_window_memory();
 
@@ -74,6 +82,8 @@ class CudaOrdered {
   struct Pending;
   void watch();
   void fail_all(const std::string& why);  // under mu_
+  // What the window's admits found, as an error, or "".
+  std::string disagreement() const;
 
   std::unique_ptr<DeviceWindow> window_;
   std::shared_ptr<EventPool> events_;
@@ -87,6 +97,8 @@ class CudaOrdered {
   std::deque<std::shared_ptr<Pending>> pending_;
   std::string aborted_;
   bool stopping_ = false;
+  bool replays_ = false;  // an op was captured in a CUDA graph: replays may run at any time
+  bool closing_ = false;  // quiesce() ran
   std::thread watchdog_;
 };
 

@@ -23,10 +23,23 @@
 
 namespace ringreduce {
 
+namespace {
+
+// Whether the caller's current stream on `device` is being captured into a CUDA graph.
+bool capturing(const c10::Device& device) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream(device.index()).stream(), &st));
+  return st != cudaStreamCaptureStatusNone;
+}
+
+}  // namespace
+
 struct CudaSide::Impl {
   Impl(c10::intrusive_ptr<c10d::Store> s, std::string p, int r, int n, const Config& c, Transport& h,
        std::function<void(uint64_t, const std::string&)> f)
       : store(std::move(s)), prefix(std::move(p)), rank(r), size(n), cfg(c), host(h), finished(std::move(f)) {}
+
+  bool set_up() const { return coll_ != nullptr; }
 
   // The device ring, built at the first CUDA op (by its caller, under setup_mu; afterwards only
   // the progress thread uses it).
@@ -139,7 +152,9 @@ CudaSide::~CudaSide() {
   try {
     m.ordered->quiesce();
     c10::cuda::CUDAGuard guard(*m.device);
-    cudaStreamSynchronize(m.comm->stream());
+    // A graph's replays run on the stream it was launched on, not the group's.
+    if (m.ordered->captured()) cudaDeviceSynchronize();
+    else cudaStreamSynchronize(m.comm->stream());
     StoreBootstrap bs(m.store);
     const std::string key = m.prefix + "cuda/win/closing";
     bs.add(key, 1);
@@ -174,6 +189,13 @@ c10::cuda::CUDAStream CudaSide::comm_stream(const char* op, const c10::Device& d
   // runs: its set-up (cudaMalloc, cudaIpcOpenMemHandle) may synchronise the whole device.
   {
     std::lock_guard<std::mutex> lock(m.setup_mu);
+    if (!m.set_up() && capturing(device)) {
+      C10_THROW_ERROR(DistBackendError,
+                      detail::cat(op_prefix(op, m.rank), "the group's first CUDA op cannot be captured in a ",
+                                  "CUDA graph: it sets up device memory that the ranks share (cudaMalloc, ",
+                                  "CUDA IPC), which a capture forbids; run one op of the group before ",
+                                  "capturing (docs/cuda.md)"));
+    }
     m.ring();
   }
   return comm;
@@ -201,6 +223,14 @@ std::function<void(const OpContext&, const Deadline&)> CudaSide::prepare(
     const char* op, const c10::Device& device, const std::vector<at::Tensor>& used, RingBody body) {
   c10::cuda::CUDAStream comm = comm_stream(op, device);
   c10::cuda::CUDAGuard guard(device);
+  if (capturing(device)) {
+    // The ring's ops run on the progress thread and wait for their stream on the host.
+    C10_THROW_ERROR(DistBackendError,
+                    detail::cat(op_prefix(op, impl_->rank), "cannot be captured in a CUDA graph: only ",
+                                "all-reduces on the stream-ordered path can (sum, product, min, max and ",
+                                "the bitwise ops; not avg, nor groups of more than ",
+                                DeviceOneShot::kMaxRanks, " ranks: docs/cuda.md)"));
+  }
   // The caller's stream has queued the work that produces the inputs: the op starts after it.
   auto ready = std::make_shared<at::cuda::CUDAEvent>(cudaEventDisableTiming);
   ready->record(c10::cuda::getCurrentCUDAStream(device.index()));

@@ -320,18 +320,33 @@ __device__ __forceinline__ bool block_sees_abort(const volatile uint32_t* abort)
   __syncthreads();
   return aborted != 0;
 }
+// Which of two rows of buffers a block uses: row (*turn - lag) & 1, read once per block as the
+// abort word is; row 0 when `turn` is null. A device window's turn counter advances on the
+// device, so a kernel captured in a CUDA graph picks the right staging slot at every replay.
+__device__ __forceinline__ int block_row(const volatile uint32_t* turn, uint32_t lag) {
+  if (!turn) return 0;
+  __shared__ uint32_t row;
+  if (threadIdx.x == 0) row = (*turn - lag) & 1u;
+  __syncthreads();
+  return static_cast<int>(row);
+}
 template <class S>
 struct Inputs {
   const S* p[kMaxInputs];
 };
 template <class K, class Op, bool Wide16>
 __global__ void __launch_bounds__(kThreads)
-    reduce_inputs_kernel(typename K::Store* dst, Inputs<typename K::Store> in, int nin, size_t head,
-                         size_t nvec, size_t tail, const volatile uint32_t* abort) {
+    reduce_inputs_kernel(typename K::Store* dst, Inputs<typename K::Store> in0, Inputs<typename K::Store> in1,
+                         int nin, size_t head, size_t nvec, size_t tail, const volatile uint32_t* abort,
+                         const volatile uint32_t* turn, uint32_t lag) {
   using S = typename K::Store;
   constexpr int V = Wide16 ? int(16 / sizeof(S)) : 1;
   using P = Pack<S, V, Wide16>;
   if (block_sees_abort(abort)) return;
+  // Each input picked from its row where it is used: both rows stay in parameter space, where a
+  // runtime index costs nothing, rather than a row copied to local memory.
+  const bool row1 = block_row(turn, lag) != 0;
+  auto in = [&](int r) { return row1 ? in1.p[r] : in0.p[r]; };
   const size_t tid = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const size_t stride = size_t(gridDim.x) * blockDim.x;
   S* const d = dst + head;
@@ -340,14 +355,14 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const size_t j = i + u * stride;
-      if (j < nvec) acc[u] = load_pack<S, V, Wide16>(in.p[0] + head + j * V);
+      if (j < nvec) acc[u] = load_pack<S, V, Wide16>(in(0) + head + j * V);
     }
     for (int r = 1; r < nin; ++r) {
       P x[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const size_t j = i + u * stride;
-        if (j < nvec) x[u] = load_pack<S, V, Wide16>(in.p[r] + head + j * V);
+        if (j < nvec) x[u] = load_pack<S, V, Wide16>(in(r) + head + j * V);
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
@@ -365,18 +380,20 @@ __global__ void __launch_bounds__(kThreads)
   if (tid < head) j = tid;
   else if (tid < head + tail) j = head + nvec * V + (tid - head);
   if (j != size_t(-1)) {
-    S a = in.p[0][j];
-    for (int r = 1; r < nin; ++r) a = reduce_elem<K, Op>(a, in.p[r][j]);
+    S a = in(0)[j];
+    for (int r = 1; r < nin; ++r) a = reduce_elem<K, Op>(a, in(r)[j]);
     dst[j] = a;
   }
 }
 
 // dst = src, `bytes` of them, in 16-byte units when both are 16-byte aligned (`wide`), else in
 // bytes; nothing when `abort` reads nonzero as the kernel starts (reduce_inputs_kernel's rule).
+// dst is dst0 or dst1 by block_row(turn, 0).
 __global__ void __launch_bounds__(kThreads)
-    copy_unless_kernel(uint8_t* dst, const uint8_t* src, size_t bytes, bool wide,
-                       const volatile uint32_t* abort) {
+    copy_unless_kernel(uint8_t* dst0, uint8_t* dst1, const uint8_t* src, size_t bytes, bool wide,
+                       const volatile uint32_t* abort, const volatile uint32_t* turn) {
   if (block_sees_abort(abort)) return;
+  uint8_t* const dst = block_row(turn, 0) ? dst1 : dst0;
   const size_t tid = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const size_t stride = size_t(gridDim.x) * blockDim.x;
   if (wide) {
@@ -499,26 +516,34 @@ void launch_reduce(void* dst, const void* a, const void* b, size_t n, cudaStream
   }
 }
 
+// `in1` null: one row of inputs (in0), whatever `turn` says.
 template <class K, class Op>
-void launch_reduce_inputs(void* dst, const void* const* in, int nin, size_t n,
-                          const volatile uint32_t* abort, cudaStream_t s) {
+void launch_reduce_inputs(void* dst, const void* const* in0, const void* const* in1, int nin, size_t n,
+                          const volatile uint32_t* abort, const volatile uint32_t* turn, uint32_t lag,
+                          cudaStream_t s) {
   using S = typename K::Store;
-  Inputs<S> ins{};
-  for (int r = 0; r < nin; ++r) ins.p[r] = static_cast<const S*>(in[r]);
+  Inputs<S> ins0{}, ins1{};
+  for (int r = 0; r < nin; ++r) {
+    ins0.p[r] = static_cast<const S*>(in0[r]);
+    ins1.p[r] = static_cast<const S*>(in1 ? in1[r] : in0[r]);
+  }
   auto* d = static_cast<S*>(dst);
   // split() compares every pointer's offset modulo 16 with the first's.
-  Split sp = split(n, sizeof(S), {dst, in[0]});
-  for (int r = 1; r < nin && sp.wide; ++r) {
-    if (!split(n, sizeof(S), {dst, in[r]}).wide) sp = {false, 0, n, 0};
+  Split sp = split(n, sizeof(S), {dst, in0[0]});
+  for (int r = 0; r < nin && sp.wide; ++r) {
+    if (!split(n, sizeof(S), {dst, ins0.p[r]}).wide || !split(n, sizeof(S), {dst, ins1.p[r]}).wide) {
+      sp = {false, 0, n, 0};
+    }
   }
+  if (!in1) turn = nullptr;
   if (sp.wide) {
     const auto kernel = reduce_inputs_kernel<K, Op, true>;
     kernel<<<grid_for(reinterpret_cast<const void*>(kernel), sp.nvec), kThreads, 0, s>>>(
-        d, ins, nin, sp.head, sp.nvec, sp.tail, abort);
+        d, ins0, ins1, nin, sp.head, sp.nvec, sp.tail, abort, turn, lag);
   } else {
     const auto kernel = reduce_inputs_kernel<K, Op, false>;
-    kernel<<<grid_for(reinterpret_cast<const void*>(kernel), n), kThreads, 0, s>>>(d, ins, nin, 0, n,
-                                                                                   0, abort);
+    kernel<<<grid_for(reinterpret_cast<const void*>(kernel), n), kThreads, 0, s>>>(
+        d, ins0, ins1, nin, 0, n, 0, abort, turn, lag);
   }
 }
 
@@ -609,8 +634,11 @@ void reduce(void* dst, const void* a, const void* b, size_t n, DType t, RedOp op
            ", ", n, " elements): kernel launch failed: ", cudaGetErrorString(err));
 }
 
-void reduce_inputs(void* dst, const void* const* in, int nin, size_t n, DType t, RedOp op,
-                   const volatile uint32_t* abort, Stream s) {
+namespace {
+
+void reduce_rows(void* dst, const void* const* in0, const void* const* in1, int nin, size_t n, DType t,
+                 RedOp op, const volatile uint32_t* abort, const volatile uint32_t* turn, uint32_t lag,
+                 Stream s) {
   if (const char* why = unsupported_reason(t, op)) {
     throw Error(detail::cat("ringreduce cuda reduce_inputs: ", redop_name(op), " is not supported on ",
                             dtype_name(t), ": ", why));
@@ -621,17 +649,20 @@ void reduce_inputs(void* dst, const void* const* in, int nin, size_t n, DType t,
   const size_t es = dtype_size(t);
   RR_CHECK(dst, "ringreduce cuda reduce_inputs: null output for ", n, " elements");
   check_buffer("reduce_inputs", dst, es, t);
-  for (int r = 0; r < nin; ++r) {
-    RR_CHECK(in[r], "ringreduce cuda reduce_inputs: input ", r, " is null");
-    check_buffer("reduce_inputs", in[r], es, t);
-    check_no_partial_overlap("reduce_inputs", dst, in[r], n * es, t);
+  for (const void* const* row : {in0, in1}) {
+    if (!row) continue;
+    for (int r = 0; r < nin; ++r) {
+      RR_CHECK(row[r], "ringreduce cuda reduce_inputs: input ", r, " is null");
+      check_buffer("reduce_inputs", row[r], es, t);
+      check_no_partial_overlap("reduce_inputs", dst, row[r], n * es, t);
+    }
   }
   with_kind(t, "reduce_inputs", [&](auto kind) {
     using K = decltype(kind);
     with_op(op, [&](auto op_tag) {
       using Op = decltype(op_tag);
       if constexpr (supported<K, Op>()) {
-        launch_reduce_inputs<K, Op>(dst, in, nin, n, abort, s);
+        launch_reduce_inputs<K, Op>(dst, in0, in1, nin, n, abort, turn, lag, s);
       } else {
         throw Error(detail::cat("ringreduce cuda reduce_inputs: internal error: no kernel for ",
                                 redop_name(op), " on ", dtype_name(t)));
@@ -641,6 +672,20 @@ void reduce_inputs(void* dst, const void* const* in, int nin, size_t n, DType t,
   const cudaError_t err = cudaGetLastError();
   RR_CHECK(err == cudaSuccess, "ringreduce cuda reduce_inputs (", redop_name(op), ", ", dtype_name(t),
            ", ", n, " elements, ", nin, " inputs): kernel launch failed: ", cudaGetErrorString(err));
+}
+
+}  // namespace
+
+void reduce_inputs(void* dst, const void* const* in, int nin, size_t n, DType t, RedOp op,
+                   const volatile uint32_t* abort, Stream s) {
+  reduce_rows(dst, in, nullptr, nin, n, t, op, abort, nullptr, 0, s);
+}
+
+void reduce_turn(void* dst, const void* const* row0, const void* const* row1, int nin, size_t n, DType t,
+                 RedOp op, const volatile uint32_t* abort, const volatile uint32_t* turn, uint32_t lag,
+                 Stream s) {
+  RR_CHECK(row1 && turn, "ringreduce cuda reduce_turn: a second row and a turn counter are needed");
+  reduce_rows(dst, row0, row1, nin, n, t, op, abort, turn, lag, s);
 }
 
 void divide(void* dst, const void* src, size_t n, DType t, int64_t divisor, Stream s) {
@@ -675,21 +720,41 @@ void divide(void* dst, const void* src, size_t n, DType t, int64_t divisor, Stre
            " elements): kernel launch failed: ", cudaGetErrorString(err));
 }
 
-void copy_unless(void* dst, const void* src, size_t bytes, const volatile uint32_t* abort, Stream s) {
-  if (bytes == 0 || dst == src) return;
-  RR_CHECK(dst && src && abort, "ringreduce cuda copy_unless: null buffer for ", bytes, " bytes");
-  const auto pd = reinterpret_cast<uintptr_t>(dst);
+namespace {
+
+void copy_gated(void* dst0, void* dst1, const void* src, size_t bytes, const volatile uint32_t* abort,
+                const volatile uint32_t* turn, Stream s) {
+  const char* what = turn ? "copy_turn" : "copy_unless";
+  RR_CHECK(dst0 && dst1 && src && abort, "ringreduce cuda ", what, ": null buffer for ", bytes, " bytes");
   const auto ps = reinterpret_cast<uintptr_t>(src);
-  RR_CHECK(pd + bytes <= ps || ps + bytes <= pd, "ringreduce cuda copy_unless: buffers overlap (", dst,
-           " and ", src, ", ", bytes, " bytes)");
-  const bool wide = pd % 16 == 0 && ps % 16 == 0 && bytes % 16 == 0;
+  bool wide = ps % 16 == 0 && bytes % 16 == 0;
+  for (void* dst : {dst0, dst1}) {
+    const auto pd = reinterpret_cast<uintptr_t>(dst);
+    RR_CHECK(pd + bytes <= ps || ps + bytes <= pd, "ringreduce cuda ", what, ": buffers overlap (", dst,
+             " and ", src, ", ", bytes, " bytes)");
+    wide = wide && pd % 16 == 0;
+  }
   const auto kernel = copy_unless_kernel;
   const unsigned grid = grid_for(reinterpret_cast<const void*>(kernel), wide ? bytes / 16 : bytes);
-  kernel<<<grid, kThreads, 0, s>>>(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), bytes,
-                                  wide, abort);
+  kernel<<<grid, kThreads, 0, s>>>(static_cast<uint8_t*>(dst0), static_cast<uint8_t*>(dst1),
+                                  static_cast<const uint8_t*>(src), bytes, wide, abort, turn);
   const cudaError_t err = cudaGetLastError();
-  RR_CHECK(err == cudaSuccess, "ringreduce cuda copy_unless (", bytes,
+  RR_CHECK(err == cudaSuccess, "ringreduce cuda ", what, " (", bytes,
            " bytes): kernel launch failed: ", cudaGetErrorString(err));
+}
+
+}  // namespace
+
+void copy_unless(void* dst, const void* src, size_t bytes, const volatile uint32_t* abort, Stream s) {
+  if (bytes == 0 || dst == src) return;
+  copy_gated(dst, dst, src, bytes, abort, nullptr, s);
+}
+
+void copy_turn(void* dst0, void* dst1, const void* src, size_t bytes, const volatile uint32_t* abort,
+               const volatile uint32_t* turn, Stream s) {
+  if (bytes == 0) return;
+  RR_CHECK(turn, "ringreduce cuda copy_turn: no turn counter");
+  copy_gated(dst0, dst1, src, bytes, abort, turn, s);
 }
 
 void copy(void* dst, const void* src, size_t bytes, Stream s) {

@@ -28,6 +28,13 @@ void reduce(void* dst, const void* a, const void* b, size_t n, DType t, RedOp op
 // untouched (see transport/cuda_ipc/device_window.h).
 void reduce_inputs(void* dst, const void* const* in, int nin, size_t n, DType t, RedOp op,
                    const volatile uint32_t* abort, Stream s);
+// reduce_inputs over one of two rows of inputs, chosen on the device as each block starts: row
+// (*turn - lag) & 1 (`turn` device-readable). A device window's staging slots alternate by its
+// turn counter, which advances on the device (transport/cuda_ipc/device_window.h), so a call
+// queued once, or captured in a CUDA graph and replayed, reads the slot of the turn it runs in.
+void reduce_turn(void* dst, const void* const* row0, const void* const* row1, int nin, size_t n, DType t,
+                 RedOp op, const volatile uint32_t* abort, const volatile uint32_t* turn, uint32_t lag,
+                 Stream s);
 // dst[i] = src[i] / divisor, queued on `s` (bool rejected). dst may be src.
 void divide(void* dst, const void* src, size_t n, DType t, int64_t divisor, Stream s);
 // Device-to-device copy of `bytes`, queued on `s`.
@@ -35,6 +42,9 @@ void copy(void* dst, const void* src, size_t bytes, Stream s);
 // The same as a kernel that copies nothing when `abort` (device-readable) reads nonzero as it
 // starts: a staging copy queued behind a wait that an abort released.
 void copy_unless(void* dst, const void* src, size_t bytes, const volatile uint32_t* abort, Stream s);
+// copy_unless into dst0 or dst1, chosen as reduce_turn chooses a row, with lag 0.
+void copy_turn(void* dst0, void* dst1, const void* src, size_t bytes, const volatile uint32_t* abort,
+               const volatile uint32_t* turn, Stream s);
 
 // The ring's kernels for buffers on one device, queued on one stream (owned by the caller).
 class CudaKernels final : public Kernels {

@@ -25,6 +25,7 @@
 #include <functional>
 #include <initializer_list>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -684,6 +685,80 @@ RR_TEST(copy_sizes_offsets) {
   cuda::copy(nullptr, nullptr, 0, stream.get());
   RR_EXPECT_THROWS(cuda::copy(dS.at(1), dS.at(0), 128, stream.get()), "overlap");
   CUDA_REQUIRE(cudaStreamSynchronize(stream.get()));
+}
+
+// The device window's kernels (algo/device_oneshot.cpp): the row, or the slot, is picked on the
+// device from a turn counter, (turn - lag) & 1, and nothing is written while the abort word is set.
+RR_TEST(turn_picks_the_row_on_the_device) {
+  StreamGuard stream;
+  const size_t n = 1000, bytes = 4 * n;
+  const int nin = 3;
+  std::vector<std::vector<float>> host(2 * nin, std::vector<float>(n));
+  for (int k = 0; k < 2 * nin; ++k) {
+    for (size_t i = 0; i < n; ++i) host[k][i] = float(k * 1000 + int(i % 97)) * 0.25f;
+  }
+  std::vector<std::unique_ptr<DeviceBuffer>> bufs;
+  const void* row[2][nin];
+  for (int k = 0; k < 2 * nin; ++k) {
+    bufs.push_back(std::make_unique<DeviceBuffer>(bytes));
+    bufs[k]->reset(0, host[k].data(), bytes);
+    row[k / nin][k % nin] = bufs[k]->at(0);
+  }
+  DeviceBuffer words(64), out(bytes), slot0(bytes), slot1(bytes);
+  auto* turn = reinterpret_cast<volatile uint32_t*>(words.at(0));
+  auto* abort = reinterpret_cast<volatile uint32_t*>(words.at(16));
+  auto set = [&](uint32_t t, uint32_t a) {
+    const uint32_t w[2] = {t, a};
+    CUDA_REQUIRE(cudaMemcpy(words.at(0), &w[0], 4, cudaMemcpyHostToDevice));
+    CUDA_REQUIRE(cudaMemcpy(words.at(16), &w[1], 4, cudaMemcpyHostToDevice));
+  };
+  for (uint32_t t : {0u, 1u, 2u, 7u}) {
+    for (uint32_t lag : {0u, 1u}) {
+      const int want_row = int((t - lag) & 1u);
+      std::vector<float> want(n);
+      reduce(want.data(), host[want_row * nin].data(), host[want_row * nin + 1].data(), n, DType::Float32,
+             RedOp::Sum);
+      reduce(want.data(), want.data(), host[want_row * nin + 2].data(), n, DType::Float32, RedOp::Sum);
+      set(t, 0);
+      out.reset(0, nullptr, 0);
+      cuda::reduce_turn(out.at(0), row[0], row[1], nin, n, DType::Float32, RedOp::Sum, abort, turn, lag,
+                        stream.get());
+      CUDA_REQUIRE(cudaStreamSynchronize(stream.get()));
+      std::vector<unsigned char> got;
+      RR_EXPECT(out.read(0, bytes, got), "turn ", t, " lag ", lag, ": wrote outside");
+      RR_EXPECT(std::memcmp(got.data(), want.data(), bytes) == 0, "turn ", t, " lag ", lag, ": not row ",
+                want_row);
+      // The staging copy, lag 0: into slot1 on odd turns, slot0 on even ones.
+      slot0.reset(0, nullptr, 0);
+      slot1.reset(0, nullptr, 0);
+      cuda::copy_turn(slot0.at(0), slot1.at(0), bufs[0]->at(0), bytes, abort, turn, stream.get());
+      CUDA_REQUIRE(cudaStreamSynchronize(stream.get()));
+      std::vector<unsigned char> s0, s1;
+      RR_EXPECT(slot0.read(0, bytes, s0) && slot1.read(0, bytes, s1), "copy_turn wrote outside");
+      const auto& filled = (t & 1u) ? s1 : s0;
+      const auto& empty = (t & 1u) ? s0 : s1;
+      RR_EXPECT(std::memcmp(filled.data(), host[0].data(), bytes) == 0, "copy_turn, turn ", t);
+      RR_EXPECT(std::all_of(empty.begin(), empty.end(), [](unsigned char c) { return c == DeviceBuffer::kPattern; }),
+                "copy_turn wrote the other slot, turn ", t);
+    }
+  }
+  // Aborted: neither kernel writes.
+  set(1, 1);
+  out.reset(0, nullptr, 0);
+  slot0.reset(0, nullptr, 0);
+  slot1.reset(0, nullptr, 0);
+  cuda::reduce_turn(out.at(0), row[0], row[1], nin, n, DType::Float32, RedOp::Sum, abort, turn, 1, stream.get());
+  cuda::copy_turn(slot0.at(0), slot1.at(0), bufs[0]->at(0), bytes, abort, turn, stream.get());
+  CUDA_REQUIRE(cudaStreamSynchronize(stream.get()));
+  for (DeviceBuffer* b : {&out, &slot0, &slot1}) {
+    std::vector<unsigned char> got;
+    RR_EXPECT(b->read(0, bytes, got), "wrote outside while aborted");
+    RR_EXPECT(std::all_of(got.begin(), got.end(), [](unsigned char c) { return c == DeviceBuffer::kPattern; }),
+              "a kernel wrote while the abort word was set");
+  }
+  RR_EXPECT_THROWS(cuda::reduce_turn(out.at(0), row[0], nullptr, nin, n, DType::Float32, RedOp::Sum, abort,
+                                     turn, 1, stream.get()),
+                   "second row");
 }
 
 RR_TEST(kernels_interface_and_default_stream) {

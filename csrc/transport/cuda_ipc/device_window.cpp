@@ -3,6 +3,7 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <mutex>
 
 #include "common/error.h"
@@ -13,11 +14,25 @@ namespace ringreduce {
 
 namespace {
 
-constexpr size_t kControlBytes = 4096;
-constexpr size_t kCounterStride = 64;  // one counter per 64-byte line: peers write them at once
-constexpr size_t kAbortOffset = kControlBytes - kCounterStride;
-static_assert(DeviceWindow::kMaxRanks * kCounterStride <= kAbortOffset + kCounterStride,
-              "the counters and the abort word fit the control page");
+using window::kAbortOffset;
+using window::kControlBytes;
+using window::kLine;
+using window::kSemOffset;
+using window::kTurnOffset;
+
+// A released wait's semaphore: far above any number of posts a rank can have outstanding, and
+// still far from wrapping after every later admit took one.
+constexpr uint32_t kReleased = 1u << 30;
+
+// This process's device index for `pci` (a peer's GPU), or -1 where it cannot see that GPU.
+int device_of(const std::string& pci) {
+  int d = -1;
+  if (pci.empty() || cudaDeviceGetByPCIBusId(&d, pci.c_str()) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return d;
+}
 
 // The driver's stream memory operations, looked up through the runtime so that the library links
 // the runtime only (torch loads the driver itself).
@@ -79,6 +94,23 @@ DeviceWindow::DeviceWindow(Bootstrap& bs, const std::string& prefix, int rank, i
     }
     side_ = s;
   }
+  // The admits' report of a disagreement, in host memory the device writes and the watchdog reads.
+  if (why.empty()) {
+    void* h = nullptr;
+    if (cudaHostAlloc(&h, sizeof(window::Mismatch), cudaHostAllocMapped) != cudaSuccess) {
+      cudaGetLastError();
+      why = detail::cat("rank ", rank, " could not allocate mapped host memory");
+    } else {
+      mismatch_.reset(static_cast<window::Mismatch*>(h), [](window::Mismatch* m) { cudaFreeHost(m); });
+      *mismatch_ = window::Mismatch{};
+    }
+  }
+  char pci[32] = "";
+  if (why.empty() && cudaDeviceGetPCIBusId(pci, sizeof pci, device) != cudaSuccess) {
+    cudaGetLastError();
+    pci[0] = 0;
+  }
+  bs.set(prefix + "pci/" + std::to_string(rank), pci);
   cudaIpcMemHandle_t handle{};
   if (why.empty()) {
     void* mem = nullptr;
@@ -110,6 +142,19 @@ DeviceWindow::DeviceWindow(Bootstrap& bs, const std::string& prefix, int rank, i
       break;
     }
     peers_[p] = static_cast<uint8_t*>(ptr);
+    // Posts are atomic adds into a peer's page: a peer on another GPU must take them natively.
+    const int pd = device_of(bs.get(prefix + "pci/" + std::to_string(p)));
+    if (pd == device) shares_gpu_ = true;
+    int atomics = pd == device ? 1 : 0;
+    if (pd >= 0 && pd != device &&
+        cudaDeviceGetP2PAttribute(&atomics, cudaDevP2PAttrNativeAtomicSupported, device, pd) != cudaSuccess) {
+      cudaGetLastError();
+      atomics = 0;
+    }
+    if (!atomics) {
+      why = detail::cat("rank ", rank, "'s GPU has no native atomics into rank ", p, "'s GPU");
+      break;
+    }
   }
   bs.set(prefix + "ok/" + std::to_string(rank), why.empty() ? "ok" : why);
   std::string first;
@@ -123,9 +168,11 @@ DeviceWindow::DeviceWindow(Bootstrap& bs, const std::string& prefix, int rank, i
       ptr = nullptr;
     }
     if (own_ != nullptr) cudaFree(own_);
+    mismatch_.reset();
     if (side_ != nullptr) cudaStreamDestroy(side_);
     throw CudaIpcUnavailable(first);
   }
+  for (int r = 0; r < size; ++r) bases_.base[r] = base(r);
 }
 
 DeviceWindow::~DeviceWindow() {
@@ -138,6 +185,7 @@ DeviceWindow::~DeviceWindow() {
     // Freed only once every peer has closed its mapping (keep_memory() otherwise): freeing memory
     // that another process still maps is undefined.
     if (free_own_) cudaFree(own_);
+    mismatch_.reset();  // freed by the last op end that holds it
     cudaStreamDestroy(side_);
   } catch (...) {
     // A destructor reports nothing: the device is going away with the process or the group.
@@ -148,29 +196,40 @@ void* DeviceWindow::slot(int r, int which) const {
   return base(r) + kControlBytes + static_cast<size_t>(which & 1) * slot_bytes_;
 }
 
-void DeviceWindow::post(uint32_t seq, CUstream_st* s) {
+const volatile uint32_t* DeviceWindow::turn_word() const {
+  return reinterpret_cast<const volatile uint32_t*>(own_ + kTurnOffset);
+}
+
+void DeviceWindow::post(const window::Print& print, CUstream_st* s) {
+  window::post(bases_, rank_, size_, print, s);
+}
+
+void DeviceWindow::wait_peers(CUstream_st* s) {
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
-    const auto addr = reinterpret_cast<CUdeviceptr>(peers_[p] + static_cast<size_t>(rank_) * kCounterStride);
-    // The default flags put a memory fence before the write: what the stream wrote before (this
-    // rank's staged input) is visible to the peer once it sees the counter.
-    check_driver(mem_ops().write(s, addr, seq, CU_STREAM_WRITE_VALUE_DEFAULT), "cuStreamWriteValue32", rank_);
+    const auto addr = reinterpret_cast<CUdeviceptr>(own_ + kSemOffset + static_cast<size_t>(p) * kLine);
+    check_driver(mem_ops().wait(s, addr, 1, CU_STREAM_WAIT_VALUE_GEQ), "cuStreamWaitValue32", rank_);
   }
 }
 
-void DeviceWindow::wait_peers(uint32_t seq, CUstream_st* s) {
-  for (int p = 0; p < size_; ++p) {
-    if (p == rank_) continue;
-    const auto addr = reinterpret_cast<CUdeviceptr>(own_ + static_cast<size_t>(p) * kCounterStride);
-    check_driver(mem_ops().wait(s, addr, seq, CU_STREAM_WAIT_VALUE_GEQ), "cuStreamWaitValue32", rank_);
-  }
-}
+void DeviceWindow::admit(CUstream_st* s) { window::admit(bases_, rank_, size_, mismatch_.get(), s); }
 
 const volatile uint32_t* DeviceWindow::abort_word() const {
   return reinterpret_cast<const volatile uint32_t*>(own_ + kAbortOffset);
 }
 
-void DeviceWindow::abort(uint32_t through) {  // exit-ok: releases the window's waits
+bool DeviceWindow::mismatch(window::Mismatch* out) const {
+  const auto* m = static_cast<const volatile window::Mismatch*>(mismatch_.get());
+  if (m->flag == 0) return false;
+  std::atomic_thread_fence(std::memory_order_acquire);
+  out->flag = m->flag;
+  out->peer = m->peer;
+  out->mine = window::Print{m->mine.count, m->mine.meta, m->mine.tag};
+  out->theirs = window::Print{m->theirs.count, m->theirs.meta, m->theirs.tag};
+  return true;
+}
+
+void DeviceWindow::abort() {  // exit-ok: releases the window's waits
   ipc::DeviceScope scope(device_, rank_);
   // Every rank's abort word, this one's first: kernels and staging copies queued behind a wait
   // read it, here and on the peers, whose own waits may pass on what this rank still posts.
@@ -183,11 +242,11 @@ void DeviceWindow::abort(uint32_t through) {  // exit-ok: releases the window's 
                                  CU_STREAM_WRITE_VALUE_DEFAULT),
                  "cuStreamWriteValue32 (abort)", rank_);
   }
-  // Then this rank's own waits pass.
+  // Then this rank's waits pass, those queued and those still to come (a graph replayed later).
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
-    const auto addr = reinterpret_cast<CUdeviceptr>(own_ + static_cast<size_t>(p) * kCounterStride);
-    check_driver(mem_ops().write(side_, addr, through, CU_STREAM_WRITE_VALUE_DEFAULT),
+    const auto addr = reinterpret_cast<CUdeviceptr>(own_ + kSemOffset + static_cast<size_t>(p) * kLine);
+    check_driver(mem_ops().write(side_, addr, kReleased, CU_STREAM_WRITE_VALUE_DEFAULT),
                  "cuStreamWriteValue32 (abort)", rank_);
   }
 }
