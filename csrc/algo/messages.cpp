@@ -41,7 +41,7 @@ const void* Messages::recv_checked(int peer, const MsgHeader& expect, size_t byt
     const int me = t_.group_rank(rank_);
     // A group aborted meanwhile (this rank's peer gave up on an earlier op whose messages are
     // still queued here): that is the cause to report, not the stale message.
-    const std::string aborted = t_.abort_reason();
+    const std::string aborted = t_.control().abort_reason();
     if (!aborted.empty()) {
       throw AbortedError(detail::cat(op_prefix(ctx.name, ctx.seq, me),
                                      "the group was aborted: ", aborted));
@@ -53,7 +53,7 @@ const void* Messages::recv_checked(int peer, const MsgHeader& expect, size_t byt
         " is in ", describe_op(expect),
         agree ? detail::cat(" (message of ", got.bytes, " bytes where ", bytes, " were expected)")
                 : std::string());
-    t_.abort_group(msg);
+    t_.control().abort_group(msg);
     throw Error(msg);
   }
   return payload;

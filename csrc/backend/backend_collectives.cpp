@@ -82,7 +82,7 @@ void RingBackend::run_op(const char* name, uint64_t seq, std::chrono::millisecon
     // An aborted group runs no more ops. A rank stopped with this op issued and resumed after
     // its peers gave up on it would otherwise complete it, where the data it needs had come
     // before the abort, although every peer failed it; only its next op would fail.
-    const std::string aborted = links_->transport().abort_reason();
+    const std::string aborted = links_->transport().control().abort_reason();
     if (!aborted.empty()) throw_aborted(ctx, rank_, aborted);
     // The deadline starts when the op starts: time spent queued behind earlier ops is theirs.
     run(ctx, Deadline::after(t));

@@ -167,7 +167,7 @@ struct CudaOrdered::Pending {
   std::shared_ptr<OpEnd> end;
 };
 
-CudaOrdered::CudaOrdered(std::unique_ptr<DeviceWindow> window, Transport& host,
+CudaOrdered::CudaOrdered(std::unique_ptr<DeviceWindow> window, GroupControl& host,
                          std::function<void(uint64_t, const std::string&)> finished)
     : window_(std::move(window)), events_(std::make_shared<EventPool>()), oneshot_(*window_), host_(host),
       finished_(std::move(finished)) {

@@ -44,9 +44,9 @@ class EventPool;
 
 class CudaOrdered {
  public:
-  // `host`: the group's host transport (abort and peer liveness); `finished(seq, error)` is
-  // called once per op when it ends ("" on success), from the watchdog thread.
-  CudaOrdered(std::unique_ptr<DeviceWindow> window, Transport& host,
+  // `host`: the group's control (abort and peer liveness); `finished(seq, error)` is called once
+  // per op when it ends ("" on success), from the watchdog thread.
+  CudaOrdered(std::unique_ptr<DeviceWindow> window, GroupControl& host,
               std::function<void(uint64_t, const std::string&)> finished);
   ~CudaOrdered();
 
@@ -89,7 +89,7 @@ class CudaOrdered {
   std::shared_ptr<EventPool> events_;
   CUevent_st* ready_ = nullptr;  // cudaEvent_t: the caller's stream, recorded for each op
   DeviceOneShot oneshot_;
-  Transport& host_;
+  GroupControl& host_;
   std::function<void(uint64_t, const std::string&)> finished_;
 
   mutable std::mutex mu_;

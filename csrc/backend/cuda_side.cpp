@@ -104,7 +104,7 @@ struct CudaSide::Impl {
     try {
       auto w = std::make_unique<DeviceWindow>(bs, prefix + "cuda/win/", rank, size, cfg.cuda_window_bytes,
                                               device->index());
-      ordered = std::make_unique<CudaOrdered>(std::move(w), host, finished);
+      ordered = std::make_unique<CudaOrdered>(std::move(w), host.control(), finished);
     } catch (const CudaIpcUnavailable& e) {
       if (rank == 0) {
         log::note(rank, detail::cat("CUDA all-reduces of this group take the ring, with a host wait per ",
@@ -239,9 +239,9 @@ std::function<void(const OpContext&, const Deadline&)> CudaSide::prepare(
   }
   return [this, device, comm, ready, body = std::move(body)](const OpContext& ctx, const Deadline& dl) {
     Impl& m = *impl_;
-    const std::string host_abort = m.host.abort_reason();
+    const std::string host_abort = m.host.control().abort_reason();
     if (!host_abort.empty()) {
-      if (m.ipc) m.ipc->abort_group(host_abort);
+      if (m.ipc) m.ipc->control().abort_group(host_abort);
       throw AbortedError(detail::cat(op_prefix(ctx.name, ctx.seq, m.rank),
                                      "the group was aborted: ", host_abort));
     }
@@ -260,8 +260,8 @@ std::function<void(const OpContext&, const Deadline&)> CudaSide::prepare(
       // The two control planes fail together: a peer in a later CPU op of the group must not
       // wait for this rank until its deadline.
       if (m.ipc) {
-        const std::string why = m.ipc->abort_reason();
-        if (!why.empty()) m.host.abort_group(why);
+        const std::string why = m.ipc->control().abort_reason();
+        if (!why.empty()) m.host.control().abort_group(why);
       }
       cudaStreamSynchronize(comm.stream());  // nothing of the op runs on after it failed
       throw;
@@ -275,7 +275,7 @@ std::string CudaSide::transport_name() const {
 }
 
 void CudaSide::abort_group(const std::string& why) {
-  if (impl_->ipc) impl_->ipc->abort_group(why);
+  if (impl_->ipc) impl_->ipc->control().abort_group(why);
   if (impl_->ordered) impl_->ordered->abort(why);  // exit-ok: the group's device ops
 }
 

@@ -146,7 +146,7 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     queue_.set_start_delay(config_.async_start);
     queue_.set_idle([this] {
       if (flight_->dumped()) return;
-      const std::string why = links_->transport().abort_reason();
+      const std::string why = links_->transport().control().abort_reason();
       if (why.empty()) return;
       if (!std::exchange(idle_abort_logged_, true) && log::enabled(log::Level::Warn)) {
         log::write(log::Level::Warn, rank_, "the group was aborted while this rank was in no op: " + why);
@@ -327,7 +327,7 @@ uint64_t RingBackend::getSequenceNumberForGroup() {
 }
 
 void RingBackend::abort() {  // exit-ok: c10d's name; it ends the group, not the process
-  links_->transport().abort_group(detail::cat("rank ", rank_, " aborted the process group"));
+  links_->transport().control().abort_group(detail::cat("rank ", rank_, " aborted the process group"));
 #ifdef RINGREDUCE_WITH_CUDA
   cuda_->abort_group(detail::cat("rank ", rank_, " aborted the process group"));
 #endif
@@ -341,7 +341,7 @@ void RingBackend::shutdown() {
     // end now rather than at their deadlines, and the peers' ops with them (a peer waiting for
     // this rank would otherwise wait out its timeout).
     const std::string why = detail::cat("rank ", rank_, " shut the process group down with ops in flight");
-    links_->transport().abort_group(why);
+    links_->transport().control().abort_group(why);
 #ifdef RINGREDUCE_WITH_CUDA
     cuda_->abort_group(why);
 #endif

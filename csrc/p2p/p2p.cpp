@@ -97,7 +97,7 @@ void P2p::submit(bool is_send, uint8_t* data, size_t bytes, uint8_t dtype, int p
   new_requests_.push_back(std::move(r));
   start_locked();
   lock.unlock();
-  t_.ring_doorbell();  // the engine may be asleep
+  t_.control().ring_doorbell();  // the engine may be asleep
 }
 
 void P2p::start_locked() {
@@ -109,7 +109,7 @@ void P2p::shutdown() {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
   }
-  t_.ring_doorbell();
+  t_.control().ring_doorbell();
   std::lock_guard<std::mutex> join(join_mu_);
   if (thread_.joinable()) thread_.join();
   std::lock_guard<std::mutex> lock(mu_);
@@ -122,8 +122,8 @@ void P2p::cancel(const std::string& why) {
     stopping_ = true;
     if (broken_.empty()) broken_ = why;
   }
-  t_.abort_group(why);  // the engine's next transport call throws and it fails everything
-  t_.ring_doorbell();
+  t_.control().abort_group(why);  // the engine's next transport call throws and it fails everything
+  t_.control().ring_doorbell();
   std::lock_guard<std::mutex> join(join_mu_);
   if (thread_.joinable()) thread_.join();
   std::lock_guard<std::mutex> lock(mu_);
@@ -135,20 +135,20 @@ void P2p::run() {
   struct Unnote {
     P2p* p;
     ~Unnote() {
-      if (p->noted_ != -1) p->t_.note_state(1, -1);
+      if (p->noted_ != -1) p->t_.control().note_state(1, -1);
     }
   } unnote{this};
   Deadline flush_by = Deadline::never();
   for (;;) {
-    const uint32_t seen = t_.doorbell();
+    const uint32_t seen = t_.control().doorbell();
     bool moved = false;
     try {
       moved = step();
     } catch (const std::exception& e) {
-      std::string why = t_.abort_reason();
+      std::string why = t_.control().abort_reason();
       if (why.empty()) {
         why = detail::cat("rank ", rank_, ": ", e.what());
-        t_.abort_group(why);
+        t_.control().abort_group(why);
       }
       fail_all(why);
       return;
@@ -161,7 +161,7 @@ void P2p::run() {
       if (flush_by.passed()) return;
     }
     note_waiting();
-    if (!moved) t_.wait_doorbell(seen, next_wake());
+    if (!moved) t_.control().wait_doorbell(seen, next_wake());
   }
 }
 
@@ -188,14 +188,14 @@ void P2p::note_waiting() {
   const int now = waiting_for();
   if (now == noted_) return;
   noted_ = now;
-  t_.note_state(1, now);
+  t_.control().note_state(1, now);
 }
 
 std::string P2p::held_up_by(int peer, const Deadline& walk) {
   std::string path = detail::cat("rank ", peer);
   int q = peer;
   for (int hops = 0; hops < size_; ++hops) {
-    const PeerState s = t_.peer_state(q, walk);
+    const PeerState s = t_.control().peer_state(q, walk);
     if (s.stopped) {
       return detail::cat(": ", path, q == peer ? " is" : ", which is",
                          " stopped (its process is in state T: SIGSTOP, or a debugger)");
@@ -527,7 +527,7 @@ bool P2p::check_deadlines() {
           describe(r), ": Timed out after ", r.timeout.count(), " ms with ", r.offset, " of ",
           r.bytes, " bytes moved: rank ", p, " stopped in the middle of the transfer");
       for (auto& e : expired) finish(std::get<0>(e), std::make_exception_ptr(TimeoutError(std::get<2>(e))));
-      t_.abort_group(why);
+      t_.control().abort_group(why);
       throw TimeoutError(why);
     }
   }
@@ -556,7 +556,7 @@ bool P2p::check_peers() {
   int alive = 0;
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
-    lost[p] = t_.peer_lost(p);
+    lost[p] = t_.control().peer_lost(p);
     alive += lost[p].empty();
   }
   bool changed = false;
@@ -572,7 +572,7 @@ bool P2p::check_peers() {
       const std::string why = detail::cat(describe(**cut), ": rank ", p, " died in the middle of ",
                                           "the transfer (", (*cut)->offset, " of ", (*cut)->bytes,
                                           " bytes moved): ", lost[p]);
-      t_.abort_group(why);
+      t_.control().abort_group(why);
       throw Error(why);
     }
     for (auto& kv : peer.awaiting_clear) finish(kv.second, gone(*kv.second, p));

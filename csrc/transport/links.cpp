@@ -42,7 +42,7 @@ Links::Links(Bootstrap& bs, const std::string& prefix, int rank, int size, const
     }
     if (i > 0 && !any) continue;  // the first row is made by every rank: it is the control
     std::vector<uint8_t> reached(size, 0);
-    const LinkSetup setup{bs, prefix, rank, size, opts, rows_[0].get()};
+    const LinkSetup setup{bs, prefix, rank, size, opts, rows_[0] ? &rows_[0]->control() : nullptr};
     rows_[i] = kind.make(setup, want, probe, reached);
     for (int p = 0; p < size; ++p) {
       if (!want[p] || !reached[p]) continue;

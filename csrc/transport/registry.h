@@ -39,15 +39,15 @@ struct LinkOptions {
   HostLayout given_hosts;
 };
 
-// What a row's factory is given: the group, its options, and the control (the first row's
-// transport; null while that is being made).
+// What a row's factory is given: the group, its options, and the group's control (the first
+// row's; null while that row is being made).
 struct LinkSetup {
   Bootstrap& bs;
   const std::string& prefix;
   int rank;
   int size;
   const LinkOptions& opts;
-  Transport* control;
+  GroupControl* control;
 };
 
 struct TransportKind {

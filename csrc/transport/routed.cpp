@@ -47,7 +47,7 @@ Transport& RoutedTransport::to(int peer) const {
 void RoutedTransport::cross_abort() {
   const std::string why = abort_reason();
   if (why.empty()) return;
-  for (Transport* t : rows_) t->abort_group(why);  // the first reason a row recorded stays
+  for (Transport* t : rows_) t->control().abort_group(why);  // the first reason a row recorded stays
 }
 
 // Every blocking call: an error from one row is the whole group's.
@@ -85,33 +85,33 @@ void RoutedTransport::land_recvs(int peer, LandFn land) { to(peer).land_recvs(pe
 void RoutedTransport::stop_landing(int peer) { to(peer).stop_landing(peer); }
 
 // The other rows ring the control's doorbell (TcpHooks::beside), so one doorbell covers all.
-uint32_t RoutedTransport::doorbell() const { return rows_[0]->doorbell(); }
+uint32_t RoutedTransport::doorbell() const { return rows_[0]->control().doorbell(); }
 
-void RoutedTransport::ring_doorbell() { rows_[0]->ring_doorbell(); }
+void RoutedTransport::ring_doorbell() { rows_[0]->control().ring_doorbell(); }
 
 void RoutedTransport::wait_doorbell(uint32_t seen, std::chrono::nanoseconds at_most) {
-  rows_[0]->wait_doorbell(seen, at_most);
+  rows_[0]->control().wait_doorbell(seen, at_most);
 }
 
 void RoutedTransport::abort_group(const std::string& why) {
-  for (Transport* t : rows_) t->abort_group(why);
+  for (Transport* t : rows_) t->control().abort_group(why);
 }
 
 std::string RoutedTransport::abort_reason() const {
   for (const Transport* t : rows_) {
-    std::string r = t->abort_reason();
+    std::string r = t->control().abort_reason();
     if (!r.empty()) return r;
   }
   return "";
 }
 
 void RoutedTransport::note_state(uint64_t op_seq, int32_t blocked_on) {
-  for (Transport* t : rows_) t->note_state(op_seq, blocked_on);
+  for (Transport* t : rows_) t->control().note_state(op_seq, blocked_on);
 }
 
 PeerState RoutedTransport::own_state() const {
-  PeerState s = rows_[0]->own_state();
-  for (size_t i = 1; i < rows_.size(); ++i) s = later_of(rows_[i]->own_state(), s);
+  PeerState s = rows_[0]->control().own_state();
+  for (size_t i = 1; i < rows_.size(); ++i) s = later_of(rows_[i]->control().own_state(), s);
   return s;
 }
 
@@ -121,12 +121,12 @@ PeerState RoutedTransport::peer_state(int peer, const Deadline& dl) {
     s.unknown = detail::cat("rank ", peer, " is not a peer of rank ", rank_);
     return s;
   }
-  return to(peer).peer_state(peer, dl);
+  return to(peer).control().peer_state(peer, dl);
 }
 
 std::string RoutedTransport::peer_lost(int peer) const {
   if (peer < 0 || peer >= size_ || peer == rank_) return "";
-  return to(peer).peer_lost(peer);
+  return to(peer).control().peer_lost(peer);
 }
 
 }  // namespace ringreduce

@@ -17,7 +17,7 @@
 
 namespace ringreduce {
 
-class RoutedTransport final : public Transport {
+class RoutedTransport final : public Transport, public GroupControl {
  public:
   // rows[0] is the control and is never null; rows[route[p]] carries peer p (route[rank] is -1).
   RoutedTransport(int rank, int size, std::vector<Transport*> rows, std::vector<int8_t> route);
@@ -25,6 +25,9 @@ class RoutedTransport final : public Transport {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   size_t max_payload() const override;
+  // The group's control, over every row: aborts cross over, the doorbell and state are the
+  // control row's (merged with the others' where a rank's state is split between them).
+  GroupControl& control() const override { return const_cast<RoutedTransport&>(*this); }
 
   void* send_begin(int peer, const OpContext& op, const Deadline& dl) override;
   void send_end(int peer, const MsgHeader& hdr) override;

@@ -36,25 +36,37 @@ class SubTransport final : public Transport {
   const void* try_recv_begin(int peer, MsgHeader* hdr) override {
     return t_.try_recv_begin(at(peer), hdr);
   }
-  uint32_t doorbell() const override { return t_.doorbell(); }
-  void ring_doorbell() override { t_.ring_doorbell(); }
-  void wait_doorbell(uint32_t seen, std::chrono::nanoseconds at_most) override {
-    t_.wait_doorbell(seen, at_most);
-  }
-  void abort_group(const std::string& why) override { t_.abort_group(why); }
-  std::string abort_reason() const override { return t_.abort_reason(); }
-  PeerState own_state() const override { return t_.own_state(); }
-  PeerState peer_state(int peer, const Deadline& dl) override { return t_.peer_state(at(peer), dl); }
-  std::string peer_lost(int peer) const override { return t_.peer_lost(at(peer)); }
+  GroupControl& control() const override { return ctl_; }
   void land_recvs(int peer, LandFn land) override { t_.land_recvs(at(peer), std::move(land)); }
   void stop_landing(int peer) override { t_.stop_landing(at(peer)); }
 
  private:
   int at(int peer) const;
 
+  // The group's control, with the view's peers mapped to the group's ranks.
+  class Control final : public GroupControl {
+   public:
+    explicit Control(const SubTransport& v) : v_(v) {}
+    uint32_t doorbell() const override { return g().doorbell(); }
+    void ring_doorbell() override { g().ring_doorbell(); }
+    void wait_doorbell(uint32_t seen, std::chrono::nanoseconds at_most) override {
+      g().wait_doorbell(seen, at_most);
+    }
+    void abort_group(const std::string& why) override { g().abort_group(why); }
+    std::string abort_reason() const override { return g().abort_reason(); }
+    PeerState own_state() const override { return g().own_state(); }
+    PeerState peer_state(int peer, const Deadline& dl) override { return g().peer_state(v_.at(peer), dl); }
+    std::string peer_lost(int peer) const override { return g().peer_lost(v_.at(peer)); }
+
+   private:
+    GroupControl& g() const { return v_.t_.control(); }
+    const SubTransport& v_;
+  };
+
   Transport& t_;
   std::vector<int> members_;
   int rank_ = -1;
+  mutable Control ctl_{*this};
 };
 
 }  // namespace ringreduce

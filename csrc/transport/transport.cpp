@@ -45,7 +45,7 @@ std::string follow_waits(Transport& view, int peer, const OpContext& op) {
   int p = peer;
   uint64_t seq = op.seq;  // the op the rank at hand is expected in
   for (int hops = 0; hops < size; ++hops) {
-    const PeerState s = view.peer_state(p, walk);
+    const PeerState s = view.control().peer_state(p, walk);
     if (!s.known) return detail::cat("the state of rank ", p, " is unknown: ", s.unknown);
     if (s.stopped) {
       return detail::cat("rank ", p, " is stopped (its process is in state T: SIGSTOP, or a ",

@@ -1,6 +1,6 @@
-// The one interface every transport implements (shm/, tcp/, cuda_ipc/), and the views over them
-// that the algorithms also run on (routed.h: a group over several transports; sub_transport.h:
-// some of a group's ranks).
+// The one interface every transport implements (shm/, tcp/, cuda_ipc/) for the data path, the
+// group's control beside it (GroupControl), and the views over them that the algorithms also run
+// on (routed.h: a group over several transports; sub_transport.h: some of a group's ranks).
 //
 // A transport moves messages between ranks of one group. Each (sender, receiver) pair has its own
 // FIFO of a few fixed-size slots: the sender writes a slot in place and publishes it; the receiver
@@ -97,6 +97,48 @@ class PeerWindow {
   virtual void wait_all(const OpContext& op, const Deadline& dl) = 0;
 };
 
+// The group's control, apart from the data path: the doorbell an engine sleeps on, the group's
+// abort, and where each rank stands (for the diagnosis of timeouts). A transport that carries
+// messages hands out the control of its group (Transport::control()): its own where it is the
+// group's only transport, the control row's in a group routed over several (routed.h), the
+// host transport's for a device transport. Safe to call from any thread.
+class GroupControl {
+ public:
+  virtual ~GroupControl() = default;
+
+  // A counter that changes whenever a message reaches this rank or a peer frees a slot this rank
+  // sent into (on transports built with doorbells on), or when ring_doorbell() is called. An
+  // engine reads it, looks for work, and if it found none sleeps in wait_doorbell until it moves.
+  virtual uint32_t doorbell() const = 0;
+  virtual void ring_doorbell() = 0;
+  virtual void wait_doorbell(uint32_t seen, std::chrono::nanoseconds at_most) = 0;
+
+  // Make every current and future wait of every rank in the group fail with an AbortedError that
+  // carries `why`. The first reason recorded wins. Safe to call from any thread.
+  virtual void abort_group(const std::string& why) = 0;
+  // The reason the first abort_group recorded, or "" while the group is healthy.
+  virtual std::string abort_reason() const = 0;
+
+  // This rank's own state, and a peer's as far as this transport can learn it before `dl` (a
+  // query over TCP, a read of its segment over shared memory). For the diagnosis of timeouts.
+  virtual PeerState own_state() const = 0;
+  virtual PeerState peer_state(int peer, const Deadline& dl) = 0;
+  // Records where this rank stands, for peers that follow chains of waits, where the transport's
+  // own waits do not say it: an engine that waits on several peers at once (point-to-point)
+  // names the one it waits for. A transport that keeps no such state ignores it.
+  virtual void note_state(uint64_t op_seq, int32_t blocked_on) {
+    (void)op_seq;
+    (void)blocked_on;
+  }
+  // Why `peer` is known to be gone ("its process (pid 123) has died"), or "" while it may be
+  // alive. For an engine that waits on several peers at once (point-to-point) and so cannot
+  // leave the question to one wait; a transport that cannot tell answers "".
+  virtual std::string peer_lost(int peer) const {
+    (void)peer;
+    return "";
+  }
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -134,37 +176,9 @@ class Transport {
   virtual void* try_send_begin(int peer) = 0;
   virtual const void* try_recv_begin(int peer, MsgHeader* hdr) = 0;
 
-  // A counter that changes whenever a message reaches this rank or a peer frees a slot this rank
-  // sent into (on transports built with doorbells on), or when ring_doorbell() is called. An
-  // engine reads it, looks for work, and if it found none sleeps in wait_doorbell until it moves.
-  virtual uint32_t doorbell() const = 0;
-  virtual void ring_doorbell() = 0;
-  virtual void wait_doorbell(uint32_t seen, std::chrono::nanoseconds at_most) = 0;
-
-  // Make every current and future wait of every rank in the group fail with an AbortedError that
-  // carries `why`. The first reason recorded wins. Safe to call from any thread.
-  virtual void abort_group(const std::string& why) = 0;
-  // The reason the first abort_group recorded, or "" while the group is healthy.
-  virtual std::string abort_reason() const = 0;
-
-  // This rank's own state, and a peer's as far as this transport can learn it before `dl` (a
-  // query over TCP, a read of its segment over shared memory). For the diagnosis of timeouts.
-  virtual PeerState own_state() const = 0;
-  virtual PeerState peer_state(int peer, const Deadline& dl) = 0;
-  // Records where this rank stands, for peers that follow chains of waits, where the transport's
-  // own waits do not say it: an engine that waits on several peers at once (point-to-point)
-  // names the one it waits for. A transport that keeps no such state ignores it.
-  virtual void note_state(uint64_t op_seq, int32_t blocked_on) {
-    (void)op_seq;
-    (void)blocked_on;
-  }
-  // Why `peer` is known to be gone ("its process (pid 123) has died"), or "" while it may be
-  // alive. For an engine that waits on several peers at once (point-to-point) and so cannot
-  // leave the question to one wait; a transport that cannot tell answers "".
-  virtual std::string peer_lost(int peer) const {
-    (void)peer;
-    return "";
-  }
+  // The group's control (doorbell, abort, where each rank stands): one object for every transport
+  // of the group, whatever carries its messages (see GroupControl).
+  virtual GroupControl& control() const = 0;
 
   // Receives that land where the caller would copy them (optional: a transport that reads
   // payloads off a socket uses it to skip that copy; one in shared memory has nothing to skip).

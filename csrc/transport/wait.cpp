@@ -40,7 +40,7 @@ void throw_aborted(int rank, const std::string& why) {
 void PeerWait::peer_gone(const char* verb, const std::string& why) const {
   const std::string msg = detail::cat("ringreduce ", op_.name, " #", op_.seq, ": rank ", t_.rank(),
                                       " ", verb, " rank ", peer_, " (", waiting_for_, "), ", why);
-  t_.abort_group(msg);  // the others learn why from here, not from this rank's own departure
+  t_.control().abort_group(msg);  // the others learn why from here, not from this rank's own departure
   throw Error(msg);
 }
 
@@ -49,9 +49,9 @@ void PeerWait::timed_out(const char* over) const {
       detail::cat(op_prefix(op_.name, op_.seq, t_.rank()), "Timed out after ", op_.timeout.count(),
                   " ms waiting for rank ", peer_, " (", waiting_for_, ")", over, "; ",
                   follow_waits(view_, peer_, op_));
-  const std::string earlier = view_.abort_reason();
+  const std::string earlier = view_.control().abort_reason();
   if (!earlier.empty()) aborted(earlier);
-  t_.abort_group(msg);
+  t_.control().abort_group(msg);
   throw TimeoutError(msg);
 }
 

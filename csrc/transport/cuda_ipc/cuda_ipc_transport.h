@@ -49,24 +49,8 @@ class CudaIpcUnavailable : public Error {
 };
 
 // Both device transports move payloads their own way but leave the group's control (doorbells,
-// aborts, where each rank stands) to a host transport: these calls go to control().
-class DeviceTransport : public Transport {
- public:
-  uint32_t doorbell() const override { return control().doorbell(); }
-  void ring_doorbell() override { control().ring_doorbell(); }
-  void wait_doorbell(uint32_t seen, std::chrono::nanoseconds at_most) override {
-    control().wait_doorbell(seen, at_most);
-  }
-  void abort_group(const std::string& why) override { control().abort_group(why); }
-  std::string abort_reason() const override { return control().abort_reason(); }
-  PeerState own_state() const override { return control().own_state(); }
-  PeerState peer_state(int peer, const Deadline& dl) override { return control().peer_state(peer, dl); }
-
- protected:
-  virtual Transport& control() const = 0;
-};
-
-class CudaIpcTransport final : public DeviceTransport {
+// aborts, where each rank stands) to a host transport: control() is that transport's.
+class CudaIpcTransport final : public Transport {
  public:
   // Collective over the group, like ShmTransport's constructor.
   CudaIpcTransport(Bootstrap& bootstrap, const std::string& prefix, int rank, int size,
@@ -86,10 +70,11 @@ class CudaIpcTransport final : public DeviceTransport {
   void* try_send_begin(int peer) override;
   const void* try_recv_begin(int peer, MsgHeader* hdr) override;
 
+  GroupControl& control() const override { return ctl_->control(); }
+
   std::vector<std::string> linked_segments() const { return ctl_->linked_segments(); }
 
  private:
-  Transport& control() const override { return *ctl_; }
   uint8_t* send_slot(int peer) const;
   uint8_t* recv_slot(int peer) const;
   void drain(const char* why, int peer);  // waits for the stream; throws on a CUDA error
@@ -103,7 +88,7 @@ class CudaIpcTransport final : public DeviceTransport {
   std::vector<uint8_t*> peers_;       // peers_[p]: rank p's inbox opened through IPC (owned here)
 };
 
-class StagedTransport final : public DeviceTransport {
+class StagedTransport final : public Transport {
  public:
   // `host` is the group's host transport (outlives this); `device`, `stream` as in CudaIpcConfig.
   StagedTransport(Transport& host, int device, CUstream_st* stream);
@@ -121,9 +106,9 @@ class StagedTransport final : public DeviceTransport {
   // The point-to-point engine never runs over device buffers.
   void* try_send_begin(int peer) override;
   const void* try_recv_begin(int peer, MsgHeader* hdr) override;
+  GroupControl& control() const override { return host_.control(); }
 
  private:
-  Transport& control() const override { return host_; }
   uint8_t* scratch(std::vector<uint8_t*>& v, int peer);
 
   Transport& host_;

@@ -53,7 +53,7 @@ struct ShmConfig {
   bool anonymous = true;
 };
 
-class ShmTransport final : public Transport, private PeerWindow {
+class ShmTransport final : public Transport, public GroupControl, private PeerWindow {
  public:
   // Collective over the group: every rank constructs its transport at the same time. `prefix`
   // scopes the store keys to this incarnation of the group (incarnation_prefix()).
@@ -74,6 +74,8 @@ class ShmTransport final : public Transport, private PeerWindow {
   size_t max_payload() const override {
     return cfg_.external_payload_bytes ? cfg_.external_payload_bytes : cfg_.slot_bytes;
   }
+  // Its own control: the abort flag, doorbell and state live in the segments.
+  GroupControl& control() const override { return const_cast<ShmTransport&>(*this); }
 
   void* send_begin(int peer, const OpContext& op, const Deadline& dl) override;
   void send_end(int peer, const MsgHeader& hdr) override;

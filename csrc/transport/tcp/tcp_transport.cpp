@@ -17,7 +17,7 @@
 
 namespace ringreduce {
 
-TcpHooks TcpHooks::beside(Transport* control) {
+TcpHooks TcpHooks::beside(GroupControl* control) {
   TcpHooks h;
   if (control == nullptr) return h;
   h.on_abort = [control](const std::string& why) { control->abort_group(why); };

@@ -79,10 +79,10 @@ struct TcpHooks {
 
   // The hooks of a TCP transport made beside the group's control (transport/registry.h): its
   // aborts, doorbell rings and this rank's state go there too. None where control is null.
-  static TcpHooks beside(Transport* control);
+  static TcpHooks beside(GroupControl* control);
 };
 
-class TcpTransport final : public Transport {
+class TcpTransport final : public Transport, public GroupControl {
  public:
   // Collective over the group: connects to every peer p with peers[p] != 0 (both sides must
   // agree), and throws naming the peers that did not connect within cfg.connect_timeout.
@@ -94,6 +94,8 @@ class TcpTransport final : public Transport {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  // Its own control, told to report to the group's where it was made beside one (TcpHooks).
+  GroupControl& control() const override { return const_cast<TcpTransport&>(*this); }
   size_t max_payload() const override { return cfg_.slot_bytes; }
 
   void* send_begin(int peer, const OpContext& op, const Deadline& dl) override;
