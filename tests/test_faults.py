@@ -439,7 +439,8 @@ def test_send_and_recv_with_a_dead_peer_fail_within_a_second(tmp_path, backend):
 def test_a_rank_in_another_pid_namespace_is_known_alive_and_its_death_noticed(tmp_path, backend):
     """One container per rank with a shared /dev/shm: the victim runs in a PID namespace of its
     own, where its pid means nothing to its peers (a shell is pid 1 there, so that the victim can
-    be killed, and the victim pid 2, which in its peers' namespace is a kernel thread, alive)."""
+    be killed, and the victim pid 2, which in its peers' namespace is a kernel thread, alive). The
+    ranks take the named segments (the INFO line says so), and none is left."""
     if backend != "ringreduce":
         pytest.skip("faults of ringreduce's transports")
     if not harness.can_unshare_pid():
@@ -447,8 +448,12 @@ def test_a_rank_in_another_pid_namespace_is_known_alive_and_its_death_noticed(tm
     world = 3
     results, outputs, leaked = _launch(tmp_path, world, "kill", "auto", 30,
                                        wrap={world - 1: ["unshare", "--pid", "--fork", "sh", "-c",
-                                                         '"$0" "$@"; exit $?']})
+                                                         '"$0" "$@"; exit $?']},
+                                       env_of={0: {"RINGREDUCE_DEBUG": "INFO"}})
     why = _explain(results, outputs)
+    # A peer in another PID namespace cannot open a memfd through /proc: every rank of the machine
+    # takes named segments, and the INFO line says so.
+    assert "segments: /dev/shm" in outputs[0] and "segments: memfd" not in outputs[0], why
     died = float((tmp_path / "death").read_text())
     for rank in range(world - 1):
         r = results.get(rank)

@@ -205,8 +205,8 @@ def _shm_names():
 def test_torchrun_restarts_after_a_rank_died_during_init(installed, tmp_path):
     """A rank that dies while its peer is inside init_process_group leaves state on torchrun's
     store, which survives restarts: the next attempt must not read it (it deadlocked in init, each
-    rank waiting for keys of another incarnation). The peer, ended inside init, leaves a segment
-    in /dev/shm that the next ringreduce group set up on the host sweeps."""
+    rank waiting for keys of another incarnation). The peer, ended inside init, leaves nothing in
+    /dev/shm: its segments have no name (memfd)."""
     before = _shm_names()
     script = tmp_path / "train.py"
     script.write_text(RESTART_SCRIPT)
@@ -219,6 +219,6 @@ def test_torchrun_restarts_after_a_rank_died_during_init(installed, tmp_path):
     trained = sorted(re.findall(r"TRAINED attempt 1 rank \d", p.stdout))
     assert p.returncode == 0 and trained == ["TRAINED attempt 1 rank 0", "TRAINED attempt 1 rank 1"], (
         f"torchrun exit code {p.returncode}\nstdout:\n{p.stdout[-4000:]}\nstderr:\n{p.stderr[-8000:]}")
-    # Any later group on this host sweeps what the attempt killed in init left behind.
+    # A later group on this host, which would sweep a named segment left behind, finds none.
     _run_init_method(f"tcp://127.0.0.1:{harness.free_port()}", world=1)
     assert not _shm_names() - before, f"left in /dev/shm: {_shm_names() - before}"

@@ -68,6 +68,7 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     prefix_ = prefix;
     bs.watch(prefix + "setup/failed", size);
     config_ = Config::agree(bs, prefix, rank, size);
+    failpoint("setup.agreed", rank);
     LinkOptions lo;
     lo.mode = config_.transport;
     lo.shm.slot_bytes = config_.slice_bytes;
@@ -85,6 +86,7 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     };
     if (config_.fake_hosts > 0) lo.given_hosts = HostLayout::split(size, config_.fake_hosts);
     links_ = std::make_unique<Links>(bs, prefix, rank, size, lo);
+    failpoint("setup.links", rank);
     msgs_ = std::make_unique<Messages>(links_->transport(), config_.slice_bytes);
     msgs_->set_check_fingerprints(config_.check_fingerprints);
     msgs_->slot_writes().configure(config_.stream, config_.stream_bytes, rank);
@@ -121,6 +123,7 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     p2p.shm.doorbells = true;
     p2p.tcp.doorbells = true;
     p2p_links_ = std::make_unique<Links>(bs, prefix + "p2p/", rank, size, p2p, &links_->routes());
+    failpoint("setup.p2p_links", rank);
     p2p_ = std::make_unique<P2p>(p2p_links_->transport(), [](uint8_t code) {
       return std::string(c10::toString(static_cast<at::ScalarType>(code)));
     });

@@ -19,6 +19,7 @@
 #include <random>
 
 #include "common/error.h"
+#include "common/failpoint.h"
 #include "common/machine.h"
 
 namespace ringreduce {
@@ -319,6 +320,8 @@ ShmTransport::ShmTransport(Bootstrap& bs, const std::string& prefix, int rank, i
     seg->blocked_on.store(-1);
     seg->cpu.store(-1);
     bs.set(prefix + "shm/name/" + std::to_string(rank), published);
+    // Dying here leaves a segment that exists and is published but not yet mapped by any peer.
+    failpoint("setup.segment", rank);
 
     // The probe: opening the peer's segment only works if it is on this host (and in the same
     // IPC and mount namespace).
