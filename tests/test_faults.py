@@ -439,8 +439,9 @@ def test_send_and_recv_with_a_dead_peer_fail_within_a_second(tmp_path, backend):
 def test_a_rank_in_another_pid_namespace_is_known_alive_and_its_death_noticed(tmp_path, backend):
     """One container per rank with a shared /dev/shm: the victim runs in a PID namespace of its
     own, where its pid means nothing to its peers (a shell is pid 1 there, so that the victim can
-    be killed, and the victim pid 2, which in its peers' namespace is a kernel thread, alive). The
-    ranks take the named segments (the INFO line says so), and none is left."""
+    be killed, and the victim pid 2, which in its peers' namespace is a kernel thread, alive). Its
+    segments reach the peers through an abstract socket (the INFO line says memfd): none has a
+    name, and its death is seen through its lock all the same."""
     if backend != "ringreduce":
         pytest.skip("faults of ringreduce's transports")
     if not harness.can_unshare_pid():
@@ -451,9 +452,9 @@ def test_a_rank_in_another_pid_namespace_is_known_alive_and_its_death_noticed(tm
                                                          '"$0" "$@"; exit $?']},
                                        env_of={0: {"RINGREDUCE_DEBUG": "INFO"}})
     why = _explain(results, outputs)
-    # A peer in another PID namespace cannot open a memfd through /proc: every rank of the machine
-    # takes named segments, and the INFO line says so.
-    assert "segments: /dev/shm" in outputs[0] and "segments: memfd" not in outputs[0], why
+    # A peer in another PID namespace cannot open a memfd through /proc: it is handed the
+    # descriptor through an abstract Unix socket, and no segment has a name (the INFO line says so).
+    assert "segments: memfd" in outputs[0] and "segments: /dev/shm" not in outputs[0], why
     died = float((tmp_path / "death").read_text())
     for rank in range(world - 1):
         r = results.get(rank)

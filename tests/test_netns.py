@@ -232,6 +232,9 @@ WORKER = textwrap.dedent(
         check(addr.startswith(HOST + ":"), f"tcp_address() = {addr!r} is not on this host's address {HOST}")
         want_transport = "tcp" if FORCED_TCP else "auto"
         check(be.transport == want_transport, f"transport = {be.transport!r}, expected {want_transport!r}")
+        # Peers of this machine in another network namespace cannot be handed a descriptor: the
+        # ranks take named segments, each host in its own /dev/shm.
+        check(FORCED_TCP or be.segments == "/dev/shm", f"segments = {be.segments!r}, expected '/dev/shm'")
 
         check_wire(gloo)
         check_hierarchical(world, be)

@@ -39,7 +39,9 @@ try:
         dist.all_reduce(t)
         world = dist.get_world_size()
         res["sum_ok"] = bool((t == float(world * (world + 1) // 2)).all())
-        res["segments"] = dist.group.WORLD._get_backend(torch.device("cpu")).segments
+        be = dist.group.WORLD._get_backend(torch.device("cpu"))
+        res["segments"] = be.segments
+        res["tcp_peers"] = list(be.tcp_peers())
         # What this rank's segments take, outside /dev/shm (docs/results.md has the figures).
         memfd = 0
         for fd in os.listdir("/proc/self/fd"):
@@ -107,6 +109,43 @@ def test_a_docker_sized_dev_shm_does_not_limit_the_group(tmp_path, backend, worl
         assert res["error"] is None and res.get("sum_ok"), why
         assert res["segments"] == "memfd", why
     assert left == ["LEFT:"], why
+
+
+def test_ranks_in_containers_of_their_own_share_memory_without_dev_shm(tmp_path, backend):
+    """A container per rank, as in a Kubernetes pod: each rank in a mount namespace of its own with
+    a private 1 MB /dev/shm (too small for any segment, and shared with no one), all in one network
+    namespace. The segments are memfds handed over through an abstract Unix socket: the ranks talk
+    over shared memory, not TCP, and all-reduce 64 MiB."""
+    if backend != "ringreduce":
+        pytest.skip("ringreduce's shared-memory set-up")
+    if not _can_unshare_mount():
+        pytest.skip("`unshare --mount` and a tmpfs mount are not permitted here (needs root)")
+    world = 3
+    port = harness.free_port()
+    script = tmp_path / "worker.py"
+    script.write_text(SMALL_SHM_WORKER)
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               ALLREDUCE_MIB="64", WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    env.pop("RINGREDUCE_TRANSPORT", None)
+    procs = [subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+         'mount -t tmpfs -o size=1m tmpfs /dev/shm && exec "$0" "$@"', sys.executable, str(script), str(tmp_path)],
+        env=dict(env, RANK=str(r)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for r in range(world)]
+    outputs = []
+    for p in procs:
+        try:
+            outputs.append(p.communicate(timeout=240)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail("a rank in a container of its own hung")
+    results = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]
+    why = json.dumps(results) + "".join(f"\n--- rank {r} ---\n{o[-2000:]}" for r, o in enumerate(outputs))
+    assert len(results) == world, why
+    for res in results:
+        assert res["error"] is None and res.get("sum_ok"), why
+        assert res["segments"] == "memfd" and res["tcp_peers"] == [], why
 
 
 def test_a_dev_shm_too_small_fails_every_rank_at_once_with_the_size_and_the_fix(tmp_path, backend):

@@ -21,6 +21,7 @@
 #include "common/error.h"
 #include "common/failpoint.h"
 #include "common/machine.h"
+#include "transport/shm/fd_passing.h"
 
 namespace ringreduce {
 
@@ -86,6 +87,13 @@ uint64_t pid_namespace() {
 uint64_t mount_namespace() {
   struct stat st;
   return stat("/proc/self/ns/mnt", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+}
+
+// This process's network namespace (the inode of /proc/self/ns/net), 0 if unknown: the one its
+// abstract Unix sockets live in.
+uint64_t net_namespace() {
+  struct stat st;
+  return stat("/proc/self/ns/net", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
 }
 
 // Segments of ringreduce groups whose creator died before it unlinked them (killed during set-up,
@@ -245,27 +253,35 @@ ShmTransport::ShmTransport(Bootstrap& bs, const std::string& prefix, int rank, i
   }
   own_name_ = "/ringreduce-" + hex64(token) + "-" + std::to_string(rank);
 
-  // Segments without a name where every rank of this machine is in this process's PID and mount
-  // namespaces: a memfd, which a peer opens through /proc/<pid>/fd/<fd>, so that nothing is ever
-  // linked in /dev/shm (a crash at any moment leaves nothing behind) and /dev/shm's size does not
-  // limit the group (the memory counts against the process's cgroup instead). Ranks of one machine
-  // in different PID namespaces (a container per rank sharing /dev/shm) cannot see each other's
-  // /proc entries, and ranks in different mount namespaces may have /dev/shm mounts of their own
-  // that keep them apart on purpose (containers, or the hosts that tests/test_netns.py makes):
-  // there, named segments in /dev/shm, unlinked once every peer has mapped them, and the probe
-  // finds who shares one. Every rank of a machine sees the same ranks, so they all choose alike.
+  // Segments without a name where every rank of this machine can be handed this process's
+  // descriptors: a memfd, so that nothing is ever linked in /dev/shm (a crash at any moment leaves
+  // nothing behind) and /dev/shm's size does not limit the group (the memory counts against the
+  // process's cgroup instead). A peer in this process's PID and mount namespaces opens it through
+  // /proc/<pid>/fd/<fd>; one in another (a container per rank) that shares the network namespace
+  // is handed it through an abstract Unix socket (fd_passing.h). Ranks of one machine in other
+  // network namespaces as well are kept apart on purpose (containers, or the hosts that
+  // tests/test_netns.py makes): there, named segments in /dev/shm, unlinked once every peer has
+  // mapped them, and the probe finds who shares one. Every rank of a machine sees the same ranks,
+  // so they all choose alike.
   const std::string machine = machine_id();
   const std::string where = machine + "/" + std::to_string(pid_namespace()) + "/" +
-                            std::to_string(mount_namespace());
+                            std::to_string(mount_namespace()) + "/" + std::to_string(net_namespace());
   bs.set(prefix + "shm/where/" + std::to_string(rank), where);
+  // Per peer of this machine: 1 through /proc (and then the socket), 2 through the socket alone.
   std::vector<uint8_t> same_machine(static_cast<size_t>(size), 0);
-  bool anonymous = cfg.anonymous && pid_namespace() != 0;
+  bool anonymous = cfg.anonymous && pid_namespace() != 0 && net_namespace() != 0;
+  const std::string net = where.substr(where.rfind('/'));
   for (int p = 0; p < size; ++p) {
     if (p == rank || (!want.empty() && !want[p])) continue;
     const std::string theirs = bs.get(prefix + "shm/where/" + std::to_string(p));
-    same_machine[p] = theirs.size() > machine.size() && theirs.compare(0, machine.size(), machine) == 0 &&
-                      theirs[machine.size()] == '/';
-    if (same_machine[p] && theirs != where) anonymous = false;
+    if (!(theirs.size() > machine.size() && theirs.compare(0, machine.size(), machine) == 0 &&
+          theirs[machine.size()] == '/')) {
+      continue;
+    }
+    const bool same_net = theirs.size() >= net.size() &&
+                          theirs.compare(theirs.size() - net.size(), net.size(), net) == 0;
+    same_machine[p] = theirs == where ? 1 : 2;
+    if (!same_net) anonymous = false;
   }
   anonymous_ = anonymous;
   if (!anonymous_) {
@@ -280,6 +296,11 @@ ShmTransport::ShmTransport(Bootstrap& bs, const std::string& prefix, int rank, i
       fd = create_memfd(own_name_.substr(1));
       RR_SYSCHECK(fd >= 0, "ringreduce shm: rank ", rank, " cannot create a memfd segment");
       published = detail::cat("memfd:", getpid(), ":", fd);
+      // Handed out, until every peer has mapped it, to the peers that cannot open it through
+      // /proc (another PID or mount namespace, or a /proc that hides it).
+      if (std::any_of(same_machine.begin(), same_machine.end(), [](uint8_t w) { return w != 0; })) {
+        server_ = std::make_unique<FdServer>(own_name_.substr(1), fd);
+      }
     } else {
       fd = shm_open(own_name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
       RR_SYSCHECK(fd >= 0, "ringreduce shm: rank ", rank, " cannot create segment ", own_name_);
@@ -337,7 +358,10 @@ ShmTransport::ShmTransport(Bootstrap& bs, const std::string& prefix, int rank, i
         const std::string rest = name.substr(6);
         const std::string path = "/proc/" + rest.substr(0, rest.find(':')) + "/fd/" +
                                  rest.substr(rest.find(':') + 1);
-        pfd = anonymous_ && same_machine[p] ? open(path.c_str(), O_RDWR | O_CLOEXEC) : -1;
+        pfd = anonymous_ && same_machine[p] == 1 ? open(path.c_str(), O_RDWR | O_CLOEXEC) : -1;
+        if (pfd < 0 && anonymous_ && same_machine[p] != 0) {
+          pfd = fetch_fd("ringreduce-" + hex64(token) + "-" + std::to_string(p), std::chrono::seconds(5));
+        }
       } else {
         pfd = anonymous_ ? -1 : shm_open(name.c_str(), O_RDWR, 0);
       }
@@ -402,7 +426,9 @@ ShmTransport::ShmTransport(Bootstrap& bs, const std::string& prefix, int rank, i
                   " cannot unlink its segment ", own_name_);
       own_linked_ = false;
     }
+    server_.reset();
   } catch (...) {
+    server_.reset();
     if (own_linked_) shm_unlink(own_name_.c_str());
     own_linked_ = false;
     unmap_all();

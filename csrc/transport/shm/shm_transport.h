@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,8 @@
 #include "transport/wait.h"
 
 namespace ringreduce {
+
+class FdServer;
 
 struct ShmConfig {
   size_t slot_bytes = 256 << 10;          // payload bytes of one slot (= largest slice)
@@ -165,6 +168,7 @@ class ShmTransport final : public Transport, public GroupControl, private PeerWi
   std::string own_name_;
   bool own_linked_ = false;
   bool anonymous_ = false;
+  std::unique_ptr<FdServer> server_;  // hands out this rank's memfd during set-up
   std::vector<void*> bases_;        // bases_[r]: rank r's segment mapped here (ours included)
   std::vector<int> fds_;            // fds_[r]: its descriptor, kept open (ours locked shared)
   // Messages published to / released from each peer. 64-bit so that the slot index (count modulo
