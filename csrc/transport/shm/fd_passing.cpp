@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -9,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 
 #include "common/error.h"
@@ -39,20 +41,30 @@ FdServer::FdServer(const std::string& name, int fd) : fd_(fd) {
     errno = e;
     RR_SYSCHECK(false, "ringreduce shm: cannot listen on the abstract socket ", name);
   }
+  wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake_fd_ < 0) {
+    const int e = errno;
+    close(listen_fd_);
+    errno = e;
+    RR_SYSCHECK(false, "ringreduce shm: cannot make an eventfd to serve ", name);
+  }
   thread_ = std::thread([this] { serve(); });
 }
 
 FdServer::~FdServer() {
   stop_.store(true);
+  const uint64_t one = 1;
+  [[maybe_unused]] const ssize_t w = write(wake_fd_, &one, sizeof one);
   thread_.join();
+  close(wake_fd_);
   close(listen_fd_);
 }
 
 void FdServer::serve() {
   while (!stop_.load()) {
-    pollfd p{listen_fd_, POLLIN, 0};
-    // Woken every 20 ms to see whether the set-up is over; a peer's connect waits in the backlog.
-    if (poll(&p, 1, 20) <= 0) continue;
+    pollfd p[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    // A peer's connect, or the destructor; the 100 ms bound is only a backstop.
+    if (poll(p, 2, 100) <= 0 || (p[0].revents & POLLIN) == 0) continue;
     const int c = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (c < 0) continue;
     ucred cred{};

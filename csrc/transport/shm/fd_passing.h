@@ -26,6 +26,7 @@ class FdServer {
   void serve();
 
   int listen_fd_ = -1;
+  int wake_fd_ = -1;  // an eventfd: the destructor ends the serving thread's poll at once
   int fd_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
