@@ -42,15 +42,17 @@ try:
         be = dist.group.WORLD._get_backend(torch.device("cpu"))
         res["segments"] = be.segments
         res["tcp_peers"] = list(be.tcp_peers())
-        # What this rank's segments take, outside /dev/shm (docs/results.md has the figures).
-        memfd = 0
+        # What the group's segments take, outside /dev/shm (docs/results.md has the figures): this
+        # rank holds its own and every peer's it mapped, each counted once.
+        seen = {}
         for fd in os.listdir("/proc/self/fd"):
             try:
                 if os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:"):
-                    memfd += os.fstat(int(fd)).st_size
+                    st = os.fstat(int(fd))
+                    seen[(st.st_dev, st.st_ino)] = st.st_size
             except OSError:
                 pass
-        res["memfd_bytes"] = memfd
+        res["memfd_bytes"] = sum(seen.values())
         dist.barrier()
 except Exception as e:
     res["error"] = str(e)
