@@ -321,7 +321,7 @@ def test_a_rank_killed_mid_all_reduce_fails_every_survivor_fast(tmp_path, backen
         assert "allreduce #" in err and f"rank {world - 1}" in err, why
         assert "died" in err or "lost its connection" in err, why
         # Far inside the op's timeout: the death is noticed, not waited out.
-        assert r["t_error"] - died < 10, why
+        assert 0 <= r["t_error"] - died < 10, why
     assert not leaked, f"segments left in /dev/shm: {leaked}"
     print(f"{transport}: death to error: " + ", ".join(
         f"rank {r} {1e3 * (results[r]['t_error'] - died):.0f} ms" for r in range(world - 1)))

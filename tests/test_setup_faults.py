@@ -30,7 +30,11 @@ rank = int(os.environ["RANK"])
 t0 = time.time()
 res = {"rank": rank}
 try:
-    dist.init_process_group("ringreduce", timeout=timedelta(seconds=60))
+    if os.environ.get("INIT_FILE"):  # ranks in network namespaces of their own reach no TCP store
+        dist.init_process_group("ringreduce", init_method="file://" + os.environ["INIT_FILE"], rank=rank,
+                                world_size=int(os.environ["WORLD_SIZE"]), timeout=timedelta(seconds=60))
+    else:
+        dist.init_process_group("ringreduce", timeout=timedelta(seconds=60))
     res["error"] = None
     mib = int(os.environ.get("ALLREDUCE_MIB", "0"))
     if mib:
@@ -151,11 +155,12 @@ def test_ranks_in_containers_of_their_own_share_memory_without_dev_shm(tmp_path,
 
 
 def test_a_dev_shm_too_small_fails_every_rank_at_once_with_the_size_and_the_fix(tmp_path, backend):
-    """Ranks of one machine in different PID namespaces (a container per rank sharing /dev/shm)
-    use named segments in /dev/shm. Here a 20 MB tmpfs on /dev/shm, in a mount namespace of the
-    test's own, each rank in a PID namespace of its own: two ranks' segments fit, the third's does
-    not. Every rank must fail within a second or two (the store's timeout is 60 s), say how much
-    is needed and how to get it, and leave nothing in /dev/shm."""
+    """Ranks of one machine in network namespaces of their own (a container per rank, sharing
+    /dev/shm) use named segments in /dev/shm. Here a 20 MB tmpfs on /dev/shm, in a mount namespace
+    of the test's own, each rank in a PID and network namespace of its own (a file store between
+    them): two ranks' segments fit, the third's does not. Every rank must fail within a second or
+    two (the store's timeout is 60 s), say how much is needed and how to get it, and leave nothing
+    in /dev/shm."""
     if backend != "ringreduce":
         pytest.skip("ringreduce's shared-memory set-up")
     if not _can_unshare_mount():
@@ -163,7 +168,8 @@ def test_a_dev_shm_too_small_fails_every_rank_at_once_with_the_size_and_the_fix(
     if not harness.can_unshare_pid():
         pytest.skip("`unshare --pid --fork` is not permitted here (needs root or user namespaces)")
     world = 3
-    results, why, left = _small_dev_shm(tmp_path, world, "20m", wrap="unshare --pid --fork")
+    results, why, left = _small_dev_shm(tmp_path, world, "20m", wrap="unshare --net --pid --fork",
+                                        extra_env={"INIT_FILE": str(tmp_path / "store")})
     assert len(results) == world, why
     for res in results:
         err = res["error"]
@@ -265,8 +271,8 @@ def test_a_rank_killed_at_any_point_of_set_up_leaves_nothing_and_the_job_restart
     """World 2 on a launcher's store: rank 1 is killed (SIGKILL) at a point of its set-up: the knobs
     agreed; its segment made and published, no peer has mapped it; the collectives' transports up;
     the point-to-point ones up too. The launcher then ends rank 0. Nothing of the dead attempt is
-    left in /dev/shm, before any later group could sweep it, and the job restarts on the same
-    store."""
+    left in /dev/shm, before any later group could sweep it (the segments have no name: with named
+    ones, a death at setup.segment would leave one), and the job restarts on the same store."""
     if backend != "ringreduce":
         pytest.skip("ringreduce's set-up")
     import torch.distributed as dist
@@ -277,8 +283,11 @@ def test_a_rank_killed_at_any_point_of_set_up_leaves_nothing_and_the_job_restart
     before = harness.shm_entries()
     first = [_start_restart_rank(env, r, {"RINGREDUCE_FAILPOINT": f"{point}:1"} if r == 1 else None)
              for r in range(world)]
-    out1 = first[1].communicate(timeout=120)[0]
-    first[0].kill()
+    try:
+        out1 = first[1].communicate(timeout=120)[0]
+    finally:
+        for p in first:
+            p.kill()
     out0 = first[0].communicate()[0]
     why = f"--- rank 0 ---\n{out0[-2000:]}\n--- rank 1 ---\n{out1[-2000:]}"
     assert first[1].returncode == -signal.SIGKILL, f"rank 1 did not die at {point}\n{why}"

@@ -18,6 +18,8 @@ class SubTransport final : public Transport {
  public:
   // `members`: distinct group ranks in the view's order, this rank among them. `t` outlives this.
   SubTransport(Transport& t, std::vector<int> members);
+  SubTransport(const SubTransport&) = delete;  // its control refers back to it
+  SubTransport& operator=(const SubTransport&) = delete;
 
   int rank() const override { return rank_; }
   int size() const override { return static_cast<int>(members_.size()); }

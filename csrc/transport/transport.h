@@ -176,8 +176,9 @@ class Transport {
   virtual void* try_send_begin(int peer) = 0;
   virtual const void* try_recv_begin(int peer, MsgHeader* hdr) = 0;
 
-  // The group's control (doorbell, abort, where each rank stands): one object for every transport
-  // of the group, whatever carries its messages (see GroupControl).
+  // The control of the group this transport carries messages for (doorbell, abort, where each rank
+  // stands; see GroupControl): in a group over several transports, the routed group's answers for
+  // all of them, and the later rows report to it.
   virtual GroupControl& control() const = 0;
 
   // Receives that land where the caller would copy them (optional: a transport that reads

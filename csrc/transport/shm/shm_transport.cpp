@@ -20,6 +20,7 @@
 
 #include "common/error.h"
 #include "common/failpoint.h"
+#include "common/log.h"
 #include "common/machine.h"
 #include "transport/shm/fd_passing.h"
 
@@ -281,7 +282,13 @@ ShmTransport::ShmTransport(Bootstrap& bs, const std::string& prefix, int rank, i
     const bool same_net = theirs.size() >= net.size() &&
                           theirs.compare(theirs.size() - net.size(), net.size(), net) == 0;
     same_machine[p] = theirs == where ? 1 : 2;
-    if (!same_net) anonymous = false;
+    // "<machine>/<pid ns>/<mount ns>/<net ns>": a peer that could not read one of them (0) may be
+    // anywhere, and ranks in other network namespaces are kept apart: named segments for all.
+    const std::string ns = theirs.substr(machine.size());
+    if (!same_net || ns.rfind("/0/", 0) == 0 || ns.find("/0/", 1) != std::string::npos ||
+        ns.compare(ns.size() - 2, 2, "/0") == 0) {
+      anonymous = false;
+    }
   }
   anonymous_ = anonymous;
   if (!anonymous_) {
@@ -295,12 +302,8 @@ ShmTransport::ShmTransport(Bootstrap& bs, const std::string& prefix, int rank, i
     if (anonymous_) {
       fd = create_memfd(own_name_.substr(1));
       RR_SYSCHECK(fd >= 0, "ringreduce shm: rank ", rank, " cannot create a memfd segment");
-      published = detail::cat("memfd:", getpid(), ":", fd);
-      // Handed out, until every peer has mapped it, to the peers that cannot open it through
-      // /proc (another PID or mount namespace, or a /proc that hides it).
-      if (std::any_of(same_machine.begin(), same_machine.end(), [](uint8_t w) { return w != 0; })) {
-        server_ = std::make_unique<FdServer>(own_name_.substr(1), fd);
-      }
+      secret_ = random_token();
+      published = detail::cat("memfd:", getpid(), ":", fd, ":", hex64(secret_));
     } else {
       fd = shm_open(own_name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
       RR_SYSCHECK(fd >= 0, "ringreduce shm: rank ", rank, " cannot create segment ", own_name_);
@@ -340,6 +343,16 @@ ShmTransport::ShmTransport(Bootstrap& bs, const std::string& prefix, int rank, i
     seg->locked = locked ? 1 : 0;
     seg->blocked_on.store(-1);
     seg->cpu.store(-1);
+    // Handed out, until every peer has mapped it, to the peers of this machine in other PID or
+    // mount namespaces, which cannot open it through /proc. Without the socket they take TCP.
+    if (anonymous_ && std::any_of(same_machine.begin(), same_machine.end(), [](uint8_t w) { return w == 2; })) {
+      try {
+        server_ = std::make_unique<FdServer>(own_name_.substr(1), fd, secret_);
+      } catch (const Error& e) {
+        log::note(rank, detail::cat("peers in other namespaces cannot be handed this rank's segment: ",
+                                    e.what()));
+      }
+    }
     bs.set(prefix + "shm/name/" + std::to_string(rank), published);
     // Dying here leaves a segment that exists and is published but not yet mapped by any peer.
     failpoint("setup.segment", rank);
@@ -347,20 +360,33 @@ ShmTransport::ShmTransport(Bootstrap& bs, const std::string& prefix, int rank, i
     // The probe: opening the peer's segment only works if it is on this host (and in the same
     // IPC and mount namespace).
     const bool require = reach == Reach::Require;
+    const auto fetch_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     for (int p = 0; p < size; ++p) {
       if (p == rank || (!want.empty() && !want[p])) continue;
       const std::string name = bs.get(prefix + "shm/name/" + std::to_string(p));
       int pfd;
       if (name.rfind("memfd:", 0) == 0) {
-        // "memfd:<pid>:<fd>": the owner's descriptor, reopened (the same memory, and the same
-        // file for the owner's lock). Only a process of the owner's machine and PID namespace
-        // finds it; another host's rank with that pid fails the segment check below.
-        const std::string rest = name.substr(6);
-        const std::string path = "/proc/" + rest.substr(0, rest.find(':')) + "/fd/" +
-                                 rest.substr(rest.find(':') + 1);
-        pfd = anonymous_ && same_machine[p] == 1 ? open(path.c_str(), O_RDWR | O_CLOEXEC) : -1;
-        if (pfd < 0 && anonymous_ && same_machine[p] != 0) {
-          pfd = fetch_fd("ringreduce-" + hex64(token) + "-" + std::to_string(p), std::chrono::seconds(5));
+        // "memfd:<pid>:<fd>:<secret>": the owner's descriptor, reopened (the same memory, and the
+        // same file for the owner's lock). Only a process of the owner's machine and PID namespace
+        // finds it in /proc; another host's rank with that pid fails the segment check below.
+        // A peer of this machine in other namespaces asks the owner's socket for it.
+        std::vector<std::string> f;
+        for (size_t at = 6, next; at <= name.size(); at = next + 1) {
+          next = name.find(':', at);
+          if (next == std::string::npos) next = name.size();
+          f.push_back(name.substr(at, next - at));
+        }
+        pfd = -1;
+        if (anonymous_ && same_machine[p] == 1 && f.size() == 3) {
+          pfd = open(("/proc/" + f[0] + "/fd/" + f[1]).c_str(), O_RDWR | O_CLOEXEC);
+        } else if (anonymous_ && same_machine[p] == 2 && f.size() == 3) {
+          std::string why;
+          pfd = fetch_fd("ringreduce-" + hex64(token) + "-" + std::to_string(p),
+                         std::strtoull(f[2].c_str(), nullptr, 16), fetch_deadline, &why);
+          if (pfd < 0) {
+            log::note(rank, detail::cat("rank ", p, "'s shared-memory segment could not be had through its ",
+                                        "socket (", why, ")", require ? "" : ": the pair goes over TCP"));
+          }
         }
       } else {
         pfd = anonymous_ ? -1 : shm_open(name.c_str(), O_RDWR, 0);

@@ -51,7 +51,7 @@ struct ShmConfig {
   // still holds waits for that core to give it up, which made the copy into a window that peers
   // had just read 2-4x slower than into one they had not (docs/algorithms.md, the shared window).
   size_t window_span = 0;
-  // Segments without a name (memfd) where every rank of the machine is in one PID namespace;
+  // Segments without a name (memfd) where every rank of the machine is in one network namespace;
   // false: always named segments in /dev/shm (see the constructor).
   bool anonymous = true;
 };
@@ -117,8 +117,8 @@ class ShmTransport final : public Transport, public GroupControl, private PeerWi
 
   // The name this rank's segment was created under (unlinked once set-up returned).
   const std::string& segment_name() const { return own_name_; }
-  // Whether the segments have no name (memfd, opened by peers through /proc/<pid>/fd), rather than
-  // a name in /dev/shm: see the constructor.
+  // Whether the segments have no name (memfd, opened by peers through /proc/<pid>/fd or handed
+  // to them over a socket), rather than a name in /dev/shm: see the constructor.
   bool anonymous() const { return anonymous_; }
   // Names of the segments this transport created and has not unlinked yet (empty once set-up
   // returned).
@@ -169,6 +169,7 @@ class ShmTransport final : public Transport, public GroupControl, private PeerWi
   bool own_linked_ = false;
   bool anonymous_ = false;
   std::unique_ptr<FdServer> server_;  // hands out this rank's memfd during set-up
+  uint64_t secret_ = 0;               // what a peer shows the server to be handed it
   std::vector<void*> bases_;        // bases_[r]: rank r's segment mapped here (ours included)
   std::vector<int> fds_;            // fds_[r]: its descriptor, kept open (ours locked shared)
   // Messages published to / released from each peer. 64-bit so that the slot index (count modulo
