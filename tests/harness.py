@@ -123,6 +123,20 @@ def launch_script_ranks(tmp_path, world, code, case, env, timeout=120):
         procs.append(subprocess.Popen([sys.executable, "-c", code], env=e, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
     start = time.time()
+    outputs = outputs_or_fail(procs, timeout, f"{case}: a rank hung")
+    results = {r: json.loads((tmp_path / f"rank{r}.json").read_text())
+               for r in range(world) if (tmp_path / f"rank{r}.json").exists()}
+    why = json.dumps(results, indent=1) + "".join(f"\n--- rank {r} ---\n{o[-2000:]}" for r, o in enumerate(outputs))
+    return results, start, why
+
+
+def outputs_or_fail(procs, timeout, what):
+    """Each process's output once it exits; if one is still running after `timeout` seconds,
+    every one is killed and the test fails with `what`."""
+    import subprocess
+
+    import pytest
+
     outputs = []
     for p in procs:
         try:
@@ -130,11 +144,8 @@ def launch_script_ranks(tmp_path, world, code, case, env, timeout=120):
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
-            pytest.fail(f"{case}: a rank hung")
-    results = {r: json.loads((tmp_path / f"rank{r}.json").read_text())
-               for r in range(world) if (tmp_path / f"rank{r}.json").exists()}
-    why = json.dumps(results, indent=1) + "".join(f"\n--- rank {r} ---\n{o[-2000:]}" for r, o in enumerate(outputs))
-    return results, start, why
+            pytest.fail(what)
+    return outputs
 
 
 def free_port() -> int:

@@ -138,14 +138,7 @@ def test_ranks_in_containers_of_their_own_share_memory_without_dev_shm(tmp_path,
          'mount -t tmpfs -o size=1m tmpfs /dev/shm && exec "$0" "$@"', sys.executable, str(script), str(tmp_path)],
         env=dict(env, RANK=str(r)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for r in range(world)]
-    outputs = []
-    for p in procs:
-        try:
-            outputs.append(p.communicate(timeout=240)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail("a rank in a container of its own hung")
+    outputs = harness.outputs_or_fail(procs, 240, "a rank in a container of its own hung")
     results = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]
     why = json.dumps(results) + "".join(f"\n--- rank {r} ---\n{o[-2000:]}" for r, o in enumerate(outputs))
     assert len(results) == world, why
@@ -210,6 +203,15 @@ def _restart_env(world, server):
     return env
 
 
+def _launcher_store(world):
+    """A launcher's TCPStore, which outlives each attempt (the caller keeps it referenced), and
+    the environment of its ranks."""
+    import torch.distributed as dist
+
+    server = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False)
+    return server, _restart_env(world, server)
+
+
 def _start_restart_rank(env, rank, extra=None):
     return subprocess.Popen([sys.executable, "-c", RESTART_WORKER],
                             env=dict(env, RANK=str(rank), **(extra or {})),
@@ -219,14 +221,7 @@ def _start_restart_rank(env, rank, extra=None):
 def _restarted_job_runs(env, world):
     """One attempt of every rank on the launcher's store; it must set up and all-reduce."""
     procs = [_start_restart_rank(env, r) for r in range(world)]
-    outputs = []
-    for p in procs:
-        try:
-            outputs.append(p.communicate(timeout=90)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail("the restarted job hung in set-up on the reused store")
+    outputs = harness.outputs_or_fail(procs, 90, "the restarted job hung in set-up on the reused store")
     why = "\n".join(f"--- rank {r} ---\n{o[-2000:]}" for r, o in enumerate(outputs))
     for p, out in zip(procs, outputs):
         assert p.returncode == 0, why
@@ -242,11 +237,8 @@ def test_rank0_dies_in_set_up_and_the_job_restarts_twice_on_the_same_store(tmp_p
     store twice in a row: both attempts set up and all-reduce, and nothing is left in /dev/shm."""
     if backend != "ringreduce":
         pytest.skip("ringreduce's set-up")
-    import torch.distributed as dist
-
     world = 2
-    server = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False)
-    env = _restart_env(world, server)
+    server, env = _launcher_store(world)
     before = harness.shm_entries()
     if how.startswith("SIGKILL"):
         first = [_start_restart_rank(env, r, {"RINGREDUCE_FAILPOINT": "setup.start:0"} if r == 0 else None)
@@ -275,11 +267,8 @@ def test_a_rank_killed_at_any_point_of_set_up_leaves_nothing_and_the_job_restart
     ones, a death at setup.segment would leave one), and the job restarts on the same store."""
     if backend != "ringreduce":
         pytest.skip("ringreduce's set-up")
-    import torch.distributed as dist
-
     world = 2
-    server = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False)
-    env = _restart_env(world, server)
+    server, env = _launcher_store(world)
     before = harness.shm_entries()
     first = [_start_restart_rank(env, r, {"RINGREDUCE_FAILPOINT": f"{point}:1"} if r == 1 else None)
              for r in range(world)]
@@ -303,11 +292,8 @@ def test_a_job_restarted_on_the_same_store_after_a_rank_died_in_set_up_runs(tmp_
     on the same store must set the group up and run, not wait for keys of the dead attempt."""
     if backend != "ringreduce":
         pytest.skip("ringreduce's set-up")
-    import torch.distributed as dist
-
     world = 3
-    server = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False)
-    env = _restart_env(world, server)
+    server, env = _launcher_store(world)
     # Attempt 1: rank 2 dies at the start of set-up; the others get into theirs, then the launcher
     # ends them.
     first = [_start_restart_rank(env, r, {"RINGREDUCE_FAILPOINT": "setup.start:2"} if r == 2 else None)

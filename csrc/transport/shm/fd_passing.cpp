@@ -41,6 +41,22 @@ bool wait_for(int fd, short events, Clock::time_point deadline) {
   }
 }
 
+// A one-byte message with room for one descriptor (SCM_RIGHTS).
+struct FdMessage {
+  char byte = 'f';
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr m{};
+  FdMessage() {
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = control;
+    m.msg_controllen = sizeof control;
+  }
+  FdMessage(const FdMessage&) = delete;
+  FdMessage& operator=(const FdMessage&) = delete;
+};
+
 bool same_user(int conn) {
   ucred cred{};
   socklen_t cl = sizeof cred;
@@ -101,20 +117,13 @@ void FdServer::answer(int c) {
     else if (n == 0 || (errno != EINTR && errno != EAGAIN)) return;
   }
   if (got != secret_) return;
-  char byte = 'f';
-  iovec iov{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr m{};
-  m.msg_iov = &iov;
-  m.msg_iovlen = 1;
-  m.msg_control = control;
-  m.msg_controllen = sizeof control;
-  cmsghdr* h = CMSG_FIRSTHDR(&m);
+  FdMessage msg;
+  cmsghdr* h = CMSG_FIRSTHDR(&msg.m);
   h->cmsg_level = SOL_SOCKET;
   h->cmsg_type = SCM_RIGHTS;
   h->cmsg_len = CMSG_LEN(sizeof(int));
   std::memcpy(CMSG_DATA(h), &fd_, sizeof(int));
-  while (sendmsg(c, &m, MSG_NOSIGNAL) < 0 && errno == EINTR) {
+  while (sendmsg(c, &msg.m, MSG_NOSIGNAL) < 0 && errno == EINTR) {
   }
 }
 
@@ -162,25 +171,18 @@ int fetch_fd(const std::string& name, uint64_t secret, Clock::time_point deadlin
       return -1;
     }
   }
-  char byte;
-  iovec iov{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr m{};
-  m.msg_iov = &iov;
-  m.msg_iovlen = 1;
-  m.msg_control = control;
-  m.msg_controllen = sizeof control;
+  FdMessage msg;
   ssize_t n;
   for (;;) {
     if (!wait_for(s, POLLIN, deadline)) {
       *why = "no descriptor came in time";
       return -1;
     }
-    n = recvmsg(s, &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    n = recvmsg(s, &msg.m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
     if (n >= 0 || (errno != EINTR && errno != EAGAIN)) break;
   }
   int got = -1;
-  const cmsghdr* h = n == 1 ? CMSG_FIRSTHDR(&m) : nullptr;
+  const cmsghdr* h = n == 1 ? CMSG_FIRSTHDR(&msg.m) : nullptr;
   if (h != nullptr && h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS &&
       h->cmsg_len == CMSG_LEN(sizeof(int))) {
     std::memcpy(&got, CMSG_DATA(h), sizeof(int));
