@@ -242,6 +242,7 @@ def test_a_desync_between_the_direct_op_and_the_backend_path_fails_every_rank(tm
     world = 3
     results, start, why = _run(tmp_path, world, "desync", {})
     for rank in range(world):
+        assert rank in results, f"rank {rank} wrote no result\n{why}"
         err = results[rank]["error"]
         assert "called different collectives" in err and "#1" in err, why
         assert results[rank]["t_error"] - start < 45, why

@@ -170,7 +170,11 @@ def test_a_dev_shm_too_small_fails_every_rank_at_once_with_the_size_and_the_fix(
         assert "cannot reserve" in err and "MiB" in err and "/dev/shm holds" in err, why
         assert "--shm-size" in err and "RINGREDUCE_TRANSPORT=tcp" in err, why
         assert res["t"] < 5, why
-    assert any(f"rank {r} failed" in res["error"] for res in results for r in range(world)), why
+    # Ranks that reserve at the same moment can all run out of room (each holds part of it when
+    # the tmpfs fills up); a rank that did reserve its own is told which rank failed.
+    for res in results:
+        if f"rank {res['rank']} cannot reserve" not in res["error"]:
+            assert any(f"rank {r} failed" in res["error"] for r in range(world)), why
     assert left == ["LEFT:"], why
 
 
