@@ -208,11 +208,8 @@ ShmTransport::ShmTransport(Bootstrap& bs, const std::string& prefix, int rank, i
     same_machine[p] = theirs == where ? 1 : 2;
     // "<machine>/<pid ns>/<mount ns>/<net ns>": a peer that could not read one of them (0) may be
     // anywhere, and ranks in other network namespaces are kept apart: named segments for all.
-    const std::string ns = theirs.substr(machine.size());
-    if (!same_net || ns.rfind("/0/", 0) == 0 || ns.find("/0/", 1) != std::string::npos ||
-        ns.compare(ns.size() - 2, 2, "/0") == 0) {
-      anonymous = false;
-    }
+    const std::string ns = theirs.substr(machine.size()) + "/";
+    if (!same_net || ns.find("/0/") != std::string::npos) anonymous = false;
   }
   anonymous_ = anonymous;
   if (!anonymous_) {
