@@ -21,6 +21,15 @@ from ringreduce._registration import load_extension
 
 _OPS = {"sum", "avg", "product", "prod", "min", "max", "band", "bor", "bxor"}
 _loaded = False
+# The ops' dispatcher entries (each OpOverload's own callable), resolved at the first call. Called
+# straight, they skip the Python layers of torch.ops (the packet's and the overload's __call__,
+# a third of a small op's time from Python: docs/results.md) and do exactly what those layers
+# call: the dispatcher, with autograd, Python modes, subclasses and the profiler as before. Dynamo cannot trace that
+# callable, so while torch.compile traces a caller the wrappers call torch.ops instead, which it
+# puts into the graph; reading torch.compiler's flag costs less than calling is_compiling().
+_eager = None
+_compiler = torch.compiler
+_HAS_FLAG = hasattr(_compiler, "_is_compiling_flag")
 
 
 def _ops():
@@ -29,6 +38,13 @@ def _ops():
         load_extension()  # registers torch.ops.ringreduce
         _loaded = True
     return torch.ops.ringreduce
+
+
+def _resolve():
+    global _eager
+    ops = _ops()
+    _eager = (ops.all_reduce_.default._op, ops.all_gather_into_tensor_.default._op)
+    return _eager
 
 
 def _op_name(op) -> str:
@@ -50,10 +66,16 @@ def all_reduce_(tensor: torch.Tensor, op="sum", group=None) -> None:
     """All-reduce ``tensor`` in place over ``group`` (the default group when None)."""
     # The common call (op "sum", the default group) costs one dict-free check before the op.
     name = op if op.__class__ is str and op in _OPS else _op_name(op)
-    (_ops() if not _loaded else torch.ops.ringreduce).all_reduce_(
-        tensor, name, "" if group is None else group.group_name)
+    group_name = "" if group is None else group.group_name
+    if _compiler._is_compiling_flag if _HAS_FLAG else _compiler.is_compiling():
+        _ops().all_reduce_(tensor, name, group_name)
+    else:
+        (_eager or _resolve())[0](tensor, name, group_name)
 
 
 def all_gather_into_tensor_(output: torch.Tensor, input: torch.Tensor, group=None) -> None:
     """Gather every rank's ``input`` into ``output`` (rank order), as dist.all_gather_into_tensor."""
-    _ops().all_gather_into_tensor_(output, input, _group_name(group))
+    if _compiler._is_compiling_flag if _HAS_FLAG else _compiler.is_compiling():
+        _ops().all_gather_into_tensor_(output, input, _group_name(group))
+    else:
+        (_eager or _resolve())[1](output, input, _group_name(group))

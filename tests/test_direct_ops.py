@@ -6,7 +6,7 @@ ringreduce.all_gather_into_tensor_ (csrc/backend/direct_ops.cpp, ringreduce/dire
   dtype and op, worlds 1, 2 and 4, contiguous and not, the default group and another group.
 - Traced by torch.compile with fullgraph=True, and run.
 - The version of the tensor they write moves, as an in-place op's does, so autograd refuses a
-  backward that saved it.
+  backward that saved it; dispatch modes and the profiler see the wrappers' calls.
 - Bad calls fail with errors that name the op: an unknown op, a group that does not exist.
 - A desync between the direct op and the backend path fails every rank; a rank killed inside the
   direct op fails every survivor, naming it.
@@ -139,12 +139,38 @@ def _rank_versions(ctx):
         ringreduce.all_reduce_(u)
     if not torch.equal(u, torch.full((4,), float(n))):
         failures.append(f"rank {ctx.rank}: inference-mode result {u}")
+    # The wrappers call the ops' dispatcher entries straight: Python dispatch modes and the
+    # profiler see both ops, as they see a call through torch.ops.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Seen() as seen:
+        ringreduce.all_reduce_(torch.ones(4))
+        ringreduce.all_gather_into_tensor_(torch.empty(4 * n), torch.ones(4))
+    want = ["ringreduce.all_reduce_.default", "ringreduce.all_gather_into_tensor_.default"]
+    if [o for o in seen.ops if o.startswith("ringreduce.")] != want:
+        failures.append(f"rank {ctx.rank}: a dispatch mode saw {seen.ops}, not {want}")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        ringreduce.all_reduce_(torch.ones(4))
+    names = {e.name for e in prof.events()}
+    if "ringreduce::all_reduce_" not in names:
+        failures.append(f"rank {ctx.rank}: the profiler saw no ringreduce::all_reduce_ among {sorted(names)[:20]}")
     return failures, {}
 
 
 def test_the_direct_ops_bump_the_version_of_what_they_write(ranks, backend):
     """As torch's own in-place ops do: a backward that saved the tensor refuses to use what the
-    op wrote over it, instead of computing a wrong gradient."""
+    op wrote over it, instead of computing a wrong gradient. And the Python wrappers, which call
+    the ops' dispatcher entries without torch.ops' Python layers, still reach dispatch modes and
+    the profiler."""
     if backend != "ringreduce":
         pytest.skip("ringreduce's direct ops")
     harness.check_results(ranks(2).run(_rank_versions, timeout=120))
