@@ -123,7 +123,7 @@ def test_the_info_line_says_how_slots_are_written(tmp_path, backend):
     code = ("import torch.distributed as dist, ringreduce\n"
             f"store = dist.FileStore({str(tmp_path / 'store')!r}, 1)\n"
             "dist.init_process_group('ringreduce', store=store, rank=0, world_size=1)\n")
-    for env, want in (({}, "slot writes: plain or streamed, measured, from 64 KiB"),
+    for env, want in (({}, "slot writes: plain or streamed, measured, from 4 KiB"),
                       ({"RINGREDUCE_STREAM": "plain"}, "slot writes: plain;"),
                       ({"RINGREDUCE_STREAM": "stream", "RINGREDUCE_STREAM_BYTES": "1M"},
                        "slot writes: streamed from 1 MiB")):

@@ -46,7 +46,9 @@ class SlotWrites {
  private:
   // Ops are grouped by size in powers of two from min_bytes; each group keeps the last few
   // seconds-per-byte of each way and runs its ops the way whose best recent figure is lower.
-  static constexpr int kClasses = 8;
+  // From the default 4 KiB the groups reach 64 MiB, so a large op and one that fits in cache never
+  // share one.
+  static constexpr int kClasses = 16;
   static constexpr int kSamples = 4;
   // The first ops of a group alternate; after that one op in kExploreEvery runs the other way,
   // so a change of placement is noticed within that many ops.

@@ -24,7 +24,7 @@ struct Config {
   // How ops of at least stream_bytes write the slots their peers read next: measured (auto),
   // plainly or with non-temporal stores (algo/handoff.h; RINGREDUCE_STREAM, _STREAM_BYTES).
   SlotWrites::Mode stream = SlotWrites::Mode::Auto;
-  size_t stream_bytes = 64u << 10;
+  size_t stream_bytes = 4u << 10;
   // How long a waiting rank spins before it sleeps on a futex: see default_spin().
   std::chrono::microseconds spin{50};
   // Then how long it yields its CPU before it sleeps: see default_yield().

@@ -47,7 +47,7 @@ struct Knob {
   X(slots, "RINGREDUCE_SLOTS", Count, "4", "slices in flight per link (2 to 64)")                     \
   X(stream, "RINGREDUCE_STREAM", Choice, "auto",                                                      \
     "how large ops write the slots a peer reads next: auto (measured), plain or stream")             \
-  X(stream_bytes, "RINGREDUCE_STREAM_BYTES", Bytes, "64K",                                           \
+  X(stream_bytes, "RINGREDUCE_STREAM_BYTES", Bytes, "4K",                                            \
     "the smallest op that RINGREDUCE_STREAM applies to; smaller ones write plainly")                 \
   X(spin, "RINGREDUCE_SPIN_US", Count, "50; 1 with more ranks than CPUs",                             \
     "how long a waiting rank spins before it sleeps on a futex, in microseconds")                    \
