@@ -50,17 +50,29 @@ class SlotWrites {
   // share one.
   static constexpr int kClasses = 16;
   static constexpr int kSamples = 4;
-  // The first ops of a group alternate; after that one op in kExploreEvery runs the other way,
-  // so a change of placement is noticed within that many ops.
+  // A group's ops run in batches, each batch one way and timed as a whole (its ops' seconds over
+  // its bytes): one op of kBatchBytes or more per batch, and for smaller ops as many as make
+  // kBatchBytes (at most kMaxBatch). One small op is too short to judge by: its time is mostly
+  // how late its peers came, and single 8 KiB ops made the two ways flip back and forth and
+  // the ranks disagree. The first kWarmup batches of a group alternate; after that one batch in
+  // kExploreEvery runs the other way, so a change of placement is noticed within that many.
   static constexpr uint64_t kWarmup = 4;
   static constexpr uint64_t kExploreEvery = 32;
+  static constexpr size_t kBatchBytes = 64 << 10;
+  static constexpr uint64_t kMaxBatch = 16;
   struct Class {
     uint64_t ops = 0;
     std::array<std::array<double, kSamples>, 2> per_byte{};  // [streamed][i]; 0: no sample
     std::array<uint32_t, 2> next{};
     bool best_streamed = false;
+    // The batch being timed, per way: its seconds, bytes and ops so far.
+    std::array<double, 2> batch_seconds{};
+    std::array<double, 2> batch_bytes{};
+    std::array<uint64_t, 2> batch_ops{};
   };
   int class_of(size_t bytes) const;
+  // Ops per batch in group `c`, from the smallest op the group holds.
+  uint64_t batch_of(int c) const;
   static double best(const std::array<double, kSamples>& s);
   bool faster_streamed(const Class& c) const;
 

@@ -77,6 +77,27 @@ RR_TEST(auto_follows_a_change_of_placement) {
   RR_EXPECT(!w.stream(16 << 20, false), "plain again once it is faster again");
 }
 
+RR_TEST(small_ops_are_timed_in_batches) {
+  // Ops under 64 KiB run and are timed in batches that make 64 KiB (8 KiB: 8 ops), each batch
+  // one way: the four batches that alternate, then one batch in 32 that tries the other way.
+  SlotWrites w;
+  w.configure(SlotWrites::Mode::Auto, 4 << 10, 0);
+  auto cost = [](bool s) { return s ? 2e-10 : 1e-10; };
+  for (int k = 0; k < 32; ++k) {
+    const bool s = w.stream(8 << 10, true);
+    RR_EXPECT(s == ((k / 8) % 2 == 1), "op ", k, " of the first four batches: streamed=", s);
+    w.done(8 << 10, s, cost(s) * (8 << 10));
+  }
+  RR_EXPECT(run(w, 8 << 10, 1024, cost) == 32, "8 KiB: 4 batches of 8 of 1024 ops streamed");
+  // One slow op in a batch moves the batch's figure by its share only: the choice holds.
+  const int streamed = run(w, 8 << 10, 256, [](bool s) { return s ? 2e-10 : 1e-10; });
+  RR_EXPECT(streamed == 8, "one exploring batch in 256 ops: ", streamed);
+  for (int k = 0; k < 8; ++k) w.done(8 << 10, false, (k == 0 ? 5e-10 : 1e-10) * (8 << 10));
+  RR_EXPECT(!w.stream(8 << 10, false), "one late op does not move the choice");
+  // From 64 KiB a batch is one op, as before.
+  RR_EXPECT(run(w, 64 << 10, 4 + 320, cost) == 2 + 10, "64 KiB: one op in 32");
+}
+
 RR_TEST(sizes_are_judged_apart) {
   SlotWrites w;
   w.configure(SlotWrites::Mode::Auto, kMin, 0);
