@@ -24,9 +24,10 @@ _loaded = False
 # The ops' dispatcher entries (each OpOverload's own callable), resolved at the first call. Called
 # straight, they skip the Python layers of torch.ops (the packet's and the overload's __call__,
 # a third of a small op's time from Python: docs/results.md) and do exactly what those layers
-# call: the dispatcher, with autograd, Python modes, subclasses and the profiler as before. Dynamo cannot trace that
-# callable, so while torch.compile traces a caller the wrappers call torch.ops instead, which it
-# puts into the graph; reading torch.compiler's flag costs less than calling is_compiling().
+# call: the dispatcher, with autograd, Python modes, subclasses and the profiler as before.
+# Dynamo cannot trace that callable, so while torch.compile traces a caller the wrappers call
+# torch.ops instead, which it puts into the graph; reading torch.compiler's flag costs less than
+# calling is_compiling().
 _eager = None
 _compiler = torch.compiler
 _HAS_FLAG = hasattr(_compiler, "_is_compiling_flag")

@@ -43,6 +43,11 @@ void SlotWrites::configure(Mode mode, size_t min_bytes, int rank) {
   min_bytes_ = min_bytes;
   rank_ = rank;
   classes_ = {};
+  // Ops per batch in each group, from the smallest op the group holds.
+  for (int c = 0; c < kClasses; ++c) {
+    const size_t low = std::max<size_t>(min_bytes_, 1) << c;
+    classes_[c].batch = std::clamp<uint64_t>(kBatchBytes / low, 1, kMaxBatch);
+  }
 }
 
 std::string SlotWrites::describe() const {
@@ -62,11 +67,6 @@ int SlotWrites::class_of(size_t bytes) const {
   return c;
 }
 
-uint64_t SlotWrites::batch_of(int c) const {
-  const size_t low = std::max<size_t>(min_bytes_, 1) << c;
-  return std::clamp<uint64_t>(kBatchBytes / low, 1, kMaxBatch);
-}
-
 double SlotWrites::best(const std::array<double, kSamples>& s) {
   double m = 0;
   for (double v : s) {
@@ -84,12 +84,11 @@ bool SlotWrites::faster_streamed(const Class& c) const {
 bool SlotWrites::stream(size_t bytes, bool timed) {
   if (mode_ == Mode::Plain || bytes == 0 || bytes < min_bytes_) return false;
   if (mode_ == Mode::Stream) return true;
-  const int ci = class_of(bytes);
-  Class& c = classes_[ci];
+  Class& c = classes_[class_of(bytes)];
   if (!timed) return c.best_streamed;
   // The same schedule on every rank (it counts ops, which every rank runs alike), so the ops
   // that explore are the same ops everywhere.
-  const uint64_t k = c.ops++ / batch_of(ci);
+  const uint64_t k = c.ops++ / c.batch;
   if (k < kWarmup) return k % 2 == 1;
   const bool other = k % kExploreEvery == kExploreEvery - 1;
   return other ? !c.best_streamed : c.best_streamed;
@@ -97,19 +96,18 @@ bool SlotWrites::stream(size_t bytes, bool timed) {
 
 void SlotWrites::done(size_t bytes, bool streamed, double seconds) {
   if (mode_ != Mode::Auto || bytes == 0 || bytes < min_bytes_ || seconds <= 0) return;
-  const int ci = class_of(bytes);
-  Class& c = classes_[ci];
+  Class& c = classes_[class_of(bytes)];
   const int way = streamed ? 1 : 0;
   c.batch_seconds[way] += seconds;
   c.batch_bytes[way] += static_cast<double>(bytes);
-  if (++c.batch_ops[way] < batch_of(ci)) return;
+  if (++c.batch_ops[way] < c.batch) return;
   c.per_byte[way][c.next[way]++ % kSamples] = c.batch_seconds[way] / c.batch_bytes[way];
   c.batch_seconds[way] = 0;
   c.batch_bytes[way] = 0;
   c.batch_ops[way] = 0;
   const bool was = c.best_streamed;
   c.best_streamed = faster_streamed(c);
-  if (c.best_streamed != was && c.ops > kWarmup * batch_of(ci) && log::enabled(log::Level::Info)) {
+  if (c.best_streamed != was && c.ops > kWarmup * c.batch && log::enabled(log::Level::Info)) {
     const double plain = best(c.per_byte[0]), stream = best(c.per_byte[1]);
     log::write(log::Level::Info, rank_,
                detail::cat("ops of about ", kib(bytes), " now write their slots ",

@@ -65,14 +65,13 @@ class SlotWrites {
     std::array<std::array<double, kSamples>, 2> per_byte{};  // [streamed][i]; 0: no sample
     std::array<uint32_t, 2> next{};
     bool best_streamed = false;
+    uint64_t batch = 1;  // ops per batch (set by configure)
     // The batch being timed, per way: its seconds, bytes and ops so far.
     std::array<double, 2> batch_seconds{};
     std::array<double, 2> batch_bytes{};
     std::array<uint64_t, 2> batch_ops{};
   };
   int class_of(size_t bytes) const;
-  // Ops per batch in group `c`, from the smallest op the group holds.
-  uint64_t batch_of(int c) const;
   static double best(const std::array<double, kSamples>& s);
   bool faster_streamed(const Class& c) const;
 
