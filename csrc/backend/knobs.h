@@ -50,7 +50,7 @@ struct Knob {
   X(stream_bytes, "RINGREDUCE_STREAM_BYTES", Bytes, "4K",                                            \
     "the smallest op that RINGREDUCE_STREAM applies to; smaller ones write plainly")                 \
   X(spin, "RINGREDUCE_SPIN_US", Count, "50; 1 with more ranks than CPUs",                             \
-    "how long a waiting rank spins before it sleeps on a futex, in microseconds")                    \
+    "how long a waiting rank spins before it yields or sleeps, in microseconds (0: no spin)")        \
   X(yield, "RINGREDUCE_YIELD_US", Count, "0; 2000 with more ranks than CPUs",                         \
     "then how long it yields its CPU before it sleeps, in microseconds")                             \
   X(async_start, "RINGREDUCE_ASYNC_START_US", Count, "1000",                                          \

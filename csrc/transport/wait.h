@@ -62,14 +62,21 @@ inline void bump(WaitWord& w) {
   if (w.sleepers.load(std::memory_order_seq_cst) != 0) futex::wake_all(&w.value);
 }
 
-// Polls ready() with a pause between tries for at most `at_most`; whether it came true.
+// How many polls a spin makes between clock reads. A pause lasts 30-40 ns on some x86 CPUs (and
+// 140 cycles on others): a clock read every 64 polls made a spin of 1 us last over 2 us. A read
+// every 8 costs a few percent of the polls.
+constexpr unsigned kPollsPerClockRead = 8;
+
+// Polls ready() with a pause between tries for at most `at_most` (none: one try); whether it came
+// true.
 template <class Ready>
 bool spin_until(Ready ready, std::chrono::nanoseconds at_most) {
+  if (at_most.count() <= 0) return ready();
   const auto until = Clock::now() + at_most;
   for (unsigned i = 1;; ++i) {
     if (ready()) return true;
     cpu_relax();
-    if ((i & 63) == 0 && Clock::now() >= until) return false;
+    if (i % kPollsPerClockRead == 0 && Clock::now() >= until) return false;
   }
 }
 

@@ -520,6 +520,26 @@ RR_TEST(a_group_set_up_again_on_the_same_store_uses_fresh_keys) {
   }
 }
 
+// A spin is as long as it is set to: the clock is read every kPollsPerClockRead polls, so a spin
+// of a nanosecond polls no more than that many times, and one of none polls once. With a clock
+// read every 64 polls (30-40 ns each on some CPUs), the 1 us spin of oversubscribed groups lasted
+// over 2 us per wait, and no setting could make it shorter.
+RR_TEST(a_spin_reads_the_clock_often_enough_to_end_when_it_should) {
+  unsigned polls = 0;
+  auto never = [&] {
+    ++polls;
+    return false;
+  };
+  RR_EXPECT(!spin_until(never, std::chrono::nanoseconds(0)), "a spin of none came true");
+  RR_EXPECT(polls == 1, "a spin of none polled ", polls, " times");
+  polls = 0;
+  RR_EXPECT(!spin_until(never, std::chrono::nanoseconds(1)), "a spin of 1 ns came true");
+  RR_EXPECT(polls >= 1 && polls <= kPollsPerClockRead, "a spin of 1 ns polled ", polls, " times");
+  polls = 0;
+  RR_EXPECT(spin_until([&] { return ++polls == 3; }, std::chrono::seconds(10)), "a spin missed ready()");
+  RR_EXPECT(polls == 3, "a spin polled ", polls, " times for a ready() true on the third");
+}
+
 // Two ranks that the scheduler put on one CPU: a rank that spun for its peer would hold the CPU
 // the peer needs for a whole time slice at every hand-off. The waits see the peer's CPU is their
 // own and yield it instead of spinning (however long the spin is set to).

@@ -460,7 +460,7 @@ void ShmTransport::wait_until(WaitWord& word, Ready ready, int peer, const char*
   unsigned polls = 0;
   auto ready_or_yield = [&] {
     if (now_ready()) return true;
-    if ((++polls & 63) == 0) {
+    if (++polls % kPollsPerClockRead == 0) {
       const int cpu = sched_getcpu();
       own->cpu.store(cpu, std::memory_order_relaxed);
       if (cpu == ps->cpu.load(std::memory_order_relaxed)) {
