@@ -22,8 +22,8 @@ struct Crossover {
 
 constexpr Crossover kTable[] = {
     {2, 8u << 10, 1u << 20, 256u << 10},
-    {3, 16u << 10, 256u << 10, 256u << 10},
-    {4, 16u << 10, 1u << 20, 256u << 10},
+    {3, 128u << 10, 128u << 10, 256u << 10},  // two-shot never led at 3 ranks
+    {4, 32u << 10, 128u << 10, 256u << 10},
     {8, 16u << 10, 1u << 20, 128u << 10},
     {1 << 30, 8u << 10, 512u << 10, 64u << 10},
 };
@@ -88,8 +88,9 @@ std::string Selector::describe() const {
   if (forced_ != Algo::Auto) {
     return detail::cat(algo_name(forced_), " forced (up to ", window_, " bytes, the ring above)");
   }
-  return detail::cat("oneshot<=", oneshot_max_, " twoshot<=", twoshot_max_, " ring above; ",
-                     "other collectives through the window <=", other_max_);
+  return detail::cat("oneshot<=", oneshot_max_,
+                     twoshot_max_ > oneshot_max_ ? detail::cat(" twoshot<=", twoshot_max_) : "",
+                     " ring above; other collectives through the window <=", other_max_);
 }
 
 }  // namespace ringreduce

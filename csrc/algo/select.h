@@ -40,7 +40,8 @@ class Selector {
   // many ranks (at least two) on each.
   bool hierarchical() const { return hosts_ > 1 && per_host_ > 1; }
   // The all-reduce crossovers in force, for the INFO line and the docs: "oneshot<=32768
-  // twoshot<=1048576 ring above" or "ring (no shared window)".
+  // twoshot<=1048576 ring above" (two-shot left out where it serves no size) or "ring (no shared
+  // window)".
   std::string describe() const;
 
  private:
