@@ -540,6 +540,22 @@ RR_TEST(a_spin_reads_the_clock_often_enough_to_end_when_it_should) {
   RR_EXPECT(polls == 3, "a spin polled ", polls, " times for a ready() true on the third");
 }
 
+// The pages a rank reads across in its peers' windows are mapped at set-up, not by faults in the
+// middle of its first ops (ShmTransport::populate).
+RR_TEST(peers_windows_are_mapped_before_the_first_op) {
+  ShmConfig cfg = config(4096, 2);
+  cfg.window_bytes = 64 << 10;
+  std::vector<size_t> unmapped(3, 1);
+  auto res = run_group(3, cfg, [&](int r, Algos&, ShmTransport& t) {
+    unmapped[r] = 0;
+    for (int p = 0; p < 3; ++p) {
+      if (p != r) unmapped[r] += t.unmapped_window_pages(p);
+    }
+  });
+  expect_all_ok(res, "three ranks");
+  for (int r = 0; r < 3; ++r) RR_EXPECT(unmapped[r] == 0, "rank ", r, ": ", unmapped[r], " pages of its peers' windows unmapped");
+}
+
 // Two ranks that the scheduler put on one CPU: a rank that spun for its peer would hold the CPU
 // the peer needs for a whole time slice at every hand-off. The waits see the peer's CPU is their
 // own and yield it instead of spinning (however long the spin is set to).

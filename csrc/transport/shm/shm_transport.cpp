@@ -243,7 +243,9 @@ ShmTransport::ShmTransport(Bootstrap& bs, const std::string& prefix, int rank, i
       close(fd);
       throw Error(no_room_message(rank, size, reserved));
     }
-    void* base = mmap(nullptr, segment_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    // MAP_POPULATE: every page of a rank's own segment is used, and a page first touched in an op
+    // costs that op a fault (see populate()).
+    void* base = mmap(nullptr, segment_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     const int map_errno = errno;
     fds_.assign(size, -1);
     fds_[rank] = fd;  // kept open: it holds the lock
@@ -332,6 +334,7 @@ ShmTransport::ShmTransport(Bootstrap& bs, const std::string& prefix, int rank, i
       RR_SYSCHECK(pbase != MAP_FAILED, "ringreduce shm: rank ", rank, " cannot map rank ", p,
                   "'s segment");
       bases_[p] = pbase;
+      populate(p);
       const Segment* ps = segment(p);
       const bool ours = ps->magic == kMagic && ps->token == token &&
                         ps->rank == static_cast<uint32_t>(p) && ps->world == static_cast<uint32_t>(size) &&
@@ -419,6 +422,38 @@ std::vector<std::string> ShmTransport::linked_segments() const {
   return {};
 }
 
+void ShmTransport::populate(int peer) const {
+#ifdef MADV_POPULATE_WRITE
+  // What this rank touches in a peer's segment: its header, the FIFO this rank sends into, and the
+  // window, which every window op reads across. Not the rest: the FIFOs of the other senders would
+  // be as many page-table entries again per peer, and at a hundred ranks a host that is gigabytes.
+  // Each page is otherwise mapped by a fault at its first touch, in the middle of an op, and window
+  // ops walk their regions through the halves (PeerWindow), so a new size's ops kept faulting for
+  // a long while (docs/results.md has the cost). Where the kernel lacks MADV_POPULATE_WRITE (before
+  // 5.14) the pages fault in as before.
+  auto* base = static_cast<uint8_t*>(bases_[peer]);
+  madvise(base, kPage, MADV_POPULATE_WRITE);
+  madvise(base + kPage + static_cast<size_t>(rank_) * fifo_stride_, fifo_stride_, MADV_POPULATE_WRITE);
+  if (window_half_ != 0) madvise(base + window_offset_, 2 * window_half_, MADV_POPULATE_WRITE);
+#else
+  (void)peer;
+#endif
+}
+
+size_t ShmTransport::unmapped_window_pages(int peer) const {
+  if (window_half_ == 0 || !is_local(peer)) return 0;
+  // /proc/self/pagemap: one 64-bit entry per virtual page, bit 63 set where the page is mapped.
+  const int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  RR_SYSCHECK(fd >= 0, "ringreduce shm: cannot open /proc/self/pagemap");
+  const auto first = (reinterpret_cast<uintptr_t>(bases_[peer]) + window_offset_) / kPage;
+  const size_t pages = 2 * window_half_ / kPage;
+  std::vector<uint64_t> entries(pages);
+  const ssize_t got = pread(fd, entries.data(), pages * sizeof(uint64_t), static_cast<off_t>(first * sizeof(uint64_t)));
+  close(fd);
+  RR_CHECK(got == static_cast<ssize_t>(pages * sizeof(uint64_t)), "ringreduce shm: short read of /proc/self/pagemap");
+  return static_cast<size_t>(std::count_if(entries.begin(), entries.end(), [](uint64_t e) { return (e >> 63) == 0; }));
+}
+
 ShmTransport::Segment* ShmTransport::segment(int owner) const {
   return static_cast<Segment*>(bases_[owner]);
 }
@@ -461,8 +496,10 @@ void ShmTransport::wait_until(WaitWord& word, Ready ready, int peer, const char*
   auto ready_or_yield = [&] {
     if (now_ready()) return true;
     if (++polls % kPollsPerClockRead == 0) {
+      // Stored only when it moved: the peer reads this line as often, and a store of the same
+      // value would still take the line from it each time.
       const int cpu = sched_getcpu();
-      own->cpu.store(cpu, std::memory_order_relaxed);
+      if (own->cpu.load(std::memory_order_relaxed) != cpu) own->cpu.store(cpu, std::memory_order_relaxed);
       if (cpu == ps->cpu.load(std::memory_order_relaxed)) {
         ++yields_to_peer_;
         sched_yield();

@@ -110,6 +110,10 @@ class ShmTransport final : public Transport, public GroupControl, private PeerWi
   // CPU (wait_until): for tests and diagnosis.
   uint64_t yields_to_peer() const { return yields_to_peer_; }
 
+  // Pages of `peer`'s window that this process has no mapping for yet (none once set-up has
+  // populated them): for tests and diagnosis.
+  size_t unmapped_window_pages(int peer) const;
+
   // Whether messages to and from `peer` go through shared memory.
   bool is_local(int peer) const {
     return peer >= 0 && peer < size_ && peer != rank_ && bases_[peer] != nullptr;
@@ -131,6 +135,8 @@ class ShmTransport final : public Transport, public GroupControl, private PeerWi
   // Why this rank's segment did not fit in /dev/shm (errno `err`), what it needs and the ways out.
   std::string no_room_message(int rank, int size, int err) const;
   Segment* segment(int owner) const;
+  // Maps in advance the pages of `peer`'s segment that this rank uses.
+  void populate(int peer) const;
   Fifo* fifo(int receiver, int sender) const;
   uint8_t* slot(int receiver, int sender, uint64_t index) const;
 
