@@ -22,10 +22,16 @@
 #include "common/machine.h"
 #include "transport/shm/fd_passing.h"
 #include "transport/shm/host.h"
+#include "transport/shm/shm_internal.h"
 
 namespace ringreduce {
 
 using shm::create_memfd;
+using shm::kMagic;
+using shm::kPage;
+using shm::kReasonBytes;
+using shm::kSlotHeaderBytes;
+using shm::round_up;
 using shm::mount_namespace;
 using shm::net_namespace;
 using shm::pid_namespace;
@@ -35,14 +41,6 @@ using shm::sweep_stale_segments;
 
 namespace {
 
-constexpr uint64_t kMagic = 0x7272696e67726564ULL;  // "rringred"
-constexpr size_t kPage = 4096;
-// Window ops smaller than this do not move through the window (ShmTransport::begin).
-constexpr size_t kWindowMoveMinBytes = 4096;
-constexpr size_t kSlotHeaderBytes = 64;  // MsgHeader, padded so payloads start 64-byte aligned
-constexpr size_t kReasonBytes = 2048;
-
-size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
 
 std::string hex64(uint64_t v) {
   char buf[17];
@@ -91,47 +89,6 @@ std::string ShmTransport::no_room_message(int rank, int size, int err) const {
       "RINGREDUCE_TRANSPORT=tcp, or shrink the segments with RINGREDUCE_WINDOW_BYTES, "
       "RINGREDUCE_SLICE_BYTES and RINGREDUCE_SLOTS");
 }
-
-// At offset 0 of every segment. Written by the owner before it publishes the name, then read-only
-// except for the abort fields, which any rank may write.
-struct ShmTransport::Segment {
-  uint64_t magic;
-  uint64_t token;
-  uint32_t rank;
-  uint32_t world;
-  uint64_t slot_bytes;
-  uint32_t nslots;
-  int32_t pid;  // the owner's process: a waiter that finds it gone knows its peer died
-  uint64_t pid_ns;  // the namespace `pid` lives in (pid_namespace())
-  uint32_t locked;  // 1: the owner holds a shared lock on the segment for its lifetime
-  // Where this rank is, for a peer that times out to find who is really missing: the op it last
-  // entered the transport in (seq + 1, 0 before the first) and the peer it sleeps on (-1: none).
-  alignas(64) std::atomic<uint64_t> op_seq;
-  std::atomic<int32_t> blocked_on;
-  // The CPU the owner ran on when it last entered an op or spun in a wait: a peer that finds it
-  // equal to its own does not spin for the owner, which cannot run while it does (wait_until).
-  std::atomic<int32_t> cpu;
-  alignas(64) std::atomic<uint32_t> aborted;      // 1 once `reason` is complete
-  std::atomic<uint32_t> abort_claimed;            // first writer of `reason` wins
-  char reason[kReasonBytes];
-  // Bumped by peers on every message to / slot freed for this rank, where doorbells are on.
-  alignas(64) WaitWord doorbell;
-  // The window (PeerWindow): phases published by the owner; for its current and previous op
-  // (by op count modulo 2), the op's fingerprint and where its region starts in the window area;
-  // and whether it waits in a window op now (for a peer that looks for a desync between a window
-  // op and a message op).
-  alignas(64) WaitWord wstamp;
-  alignas(64) MsgHeader whdr[2];
-  uint64_t wat[2];
-  std::atomic<uint32_t> in_window;
-};
-
-// One per (receiver, sender) pair, in the receiver's segment. head is written only by the sender,
-// tail only by the receiver; they sit on separate cache lines so the two sides do not false-share.
-struct ShmTransport::Fifo {
-  alignas(64) WaitWord head;  // messages published by the sender
-  alignas(64) WaitWord tail;  // messages released by the receiver
-};
 
 static_assert(sizeof(MsgHeader) <= kSlotHeaderBytes, "slot header area too small");
 
@@ -243,9 +200,7 @@ ShmTransport::ShmTransport(Bootstrap& bs, const std::string& prefix, int rank, i
       close(fd);
       throw Error(no_room_message(rank, size, reserved));
     }
-    // MAP_POPULATE: every page of a rank's own segment is used, and a page first touched in an op
-    // costs that op a fault (see populate()).
-    void* base = mmap(nullptr, segment_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    void* base = mmap(nullptr, segment_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     const int map_errno = errno;
     fds_.assign(size, -1);
     fds_[rank] = fd;  // kept open: it holds the lock
@@ -253,6 +208,7 @@ ShmTransport::ShmTransport(Bootstrap& bs, const std::string& prefix, int rank, i
     RR_SYSCHECK(base != MAP_FAILED, "ringreduce shm: rank ", rank, " cannot map ", segment_bytes_,
                 " bytes of shared memory for ", own_name_);
     bases_[rank] = base;
+    populate(rank);
     // tmpfs hands out zeroed pages, so every counter below starts at 0.
     Segment* seg = segment(rank);
     seg->magic = kMagic;
@@ -422,38 +378,6 @@ std::vector<std::string> ShmTransport::linked_segments() const {
   return {};
 }
 
-void ShmTransport::populate(int peer) const {
-#ifdef MADV_POPULATE_WRITE
-  // What this rank touches in a peer's segment: its header, the FIFO this rank sends into, and the
-  // window, which every window op reads across. Not the rest: the FIFOs of the other senders would
-  // be as many page-table entries again per peer, and at a hundred ranks a host that is gigabytes.
-  // Each page is otherwise mapped by a fault at its first touch, in the middle of an op, and window
-  // ops walk their regions through the halves (PeerWindow), so a new size's ops kept faulting for
-  // a long while (docs/results.md has the cost). Where the kernel lacks MADV_POPULATE_WRITE (before
-  // 5.14) the pages fault in as before.
-  auto* base = static_cast<uint8_t*>(bases_[peer]);
-  madvise(base, kPage, MADV_POPULATE_WRITE);
-  madvise(base + kPage + static_cast<size_t>(rank_) * fifo_stride_, fifo_stride_, MADV_POPULATE_WRITE);
-  if (window_half_ != 0) madvise(base + window_offset_, 2 * window_half_, MADV_POPULATE_WRITE);
-#else
-  (void)peer;
-#endif
-}
-
-size_t ShmTransport::unmapped_window_pages(int peer) const {
-  if (window_half_ == 0 || !is_local(peer)) return 0;
-  // /proc/self/pagemap: one 64-bit entry per virtual page, bit 63 set where the page is mapped.
-  const int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
-  RR_SYSCHECK(fd >= 0, "ringreduce shm: cannot open /proc/self/pagemap");
-  const auto first = (reinterpret_cast<uintptr_t>(bases_[peer]) + window_offset_) / kPage;
-  const size_t pages = 2 * window_half_ / kPage;
-  std::vector<uint64_t> entries(pages);
-  const ssize_t got = pread(fd, entries.data(), pages * sizeof(uint64_t), static_cast<off_t>(first * sizeof(uint64_t)));
-  close(fd);
-  RR_CHECK(got == static_cast<ssize_t>(pages * sizeof(uint64_t)), "ringreduce shm: short read of /proc/self/pagemap");
-  return static_cast<size_t>(std::count_if(entries.begin(), entries.end(), [](uint64_t e) { return (e >> 63) == 0; }));
-}
-
 ShmTransport::Segment* ShmTransport::segment(int owner) const {
   return static_cast<Segment*>(bases_[owner]);
 }
@@ -476,72 +400,6 @@ void ShmTransport::check_peer(int peer, const char* what) const {
 
 void ShmTransport::throw_aborted(const OpContext& op) const {
   ringreduce::throw_aborted(op, rank_, abort_reason());
-}
-
-template <class Ready, class Check>
-void ShmTransport::wait_until(WaitWord& word, Ready ready, int peer, const char* waiting_for,
-                              const OpContext& op, const Deadline& dl, Check check) {
-  auto now_ready = [&] { return ready(word.value.load(std::memory_order_acquire)); };
-  if (now_ready()) return;
-  Segment* own = segment(rank_);
-  auto is_aborted = [own] { return own->aborted.load(std::memory_order_acquire) != 0; };
-  if (is_aborted()) throw_aborted(op);
-
-  // Spin first: when the peer is running, the hand-off is a cache-line transfer away. Unless
-  // the scheduler has put the peer on this rank's own CPU (ranks move between CPUs, and a third
-  // process that keeps one busy crowds both ranks onto the other): then the peer cannot run while
-  // this rank spins, and every spin would cost a whole time slice, so yield it the CPU instead.
-  const Segment* ps = segment(peer);
-  unsigned polls = 0;
-  auto ready_or_yield = [&] {
-    if (now_ready()) return true;
-    if (++polls % kPollsPerClockRead == 0) {
-      // Stored only when it moved: the peer reads this line as often, and a store of the same
-      // value would still take the line from it each time.
-      const int cpu = sched_getcpu();
-      if (own->cpu.load(std::memory_order_relaxed) != cpu) own->cpu.store(cpu, std::memory_order_relaxed);
-      if (cpu == ps->cpu.load(std::memory_order_relaxed)) {
-        ++yields_to_peer_;
-        sched_yield();
-      }
-    }
-    return false;
-  };
-  if (spin_until(ready_or_yield, cfg_.spin)) return;
-
-  // From here on we yield or sleep: say on whom, so a peer that times out can follow the chain.
-  own->blocked_on.store(peer, std::memory_order_relaxed);
-  struct Unblock {
-    Segment* s;
-    ~Unblock() { s->blocked_on.store(-1, std::memory_order_relaxed); }
-  } unblock{own};
-  if (cfg_.yield.count() > 0) {
-    const auto yield_until = Clock::now() + cfg_.yield;
-    do {
-      sched_yield();
-      if (now_ready()) return;
-      if (is_aborted()) throw_aborted(op);
-    } while (Clock::now() < yield_until);
-    check();
-  }
-  const PeerWait w(*this, chain_view(), peer, waiting_for, op, dl);
-  for (;;) {
-    if (is_aborted()) throw_aborted(op);
-    if (w.expired()) w.timed_out("");
-    sleep_on(word, w.nap(), [&](uint32_t v) {
-      return !ready(v) && !own->aborted.load(std::memory_order_seq_cst);
-    });
-    if (now_ready()) return;
-    // Woken without progress (at most every kMaxSleep): a peer that died is not waited for until
-    // the deadline. An abort comes first: a rank that failed for another reason and then exited
-    // has said why.
-    if (is_aborted()) throw_aborted(op);
-    check();
-    const int32_t pid = segment(peer)->pid;
-    if (peer_gone(peer)) {
-      w.peer_gone("was waiting for", detail::cat("whose process (pid ", pid, ") has died"));
-    }
-  }
 }
 
 PeerState ShmTransport::own_state() const {
@@ -653,112 +511,6 @@ const void* ShmTransport::try_recv_begin(int peer, MsgHeader* hdr) {
   RR_CHECK(hdr->bytes <= max_payload(), "ringreduce shm: rank ", rank_, " got a message of ",
            hdr->bytes, " bytes from rank ", peer, ", larger than a slot (", max_payload(), ")");
   return s + kSlotHeaderBytes;
-}
-
-PeerWindow* ShmTransport::window() {
-  if (cfg_.window_bytes == 0) return nullptr;
-  for (int p = 0; p < size_; ++p) {
-    if (bases_[p] == nullptr) return nullptr;
-  }
-  return this;
-}
-
-uint8_t* ShmTransport::begin(const MsgHeader& fp, const OpContext& op, size_t bytes) {
-  RR_CHECK(bytes <= cfg_.window_bytes, op_prefix(op.name, op.seq, rank_), "a window op of ", bytes,
-           " bytes, larger than the window (", cfg_.window_bytes, ")");
-  Segment* own = segment(rank_);
-  enter(op);
-  ++window_ops_;
-  window_fp_ = fp;
-  // The region after the previous op's, or the start of the other half where it does not fit:
-  // never over the previous op's, which a peer may still read (see PeerWindow). The smallest ops
-  // take the start of the other half every time: a few lines gain nothing from moving, and
-  // fixed places keep the pages of a loop of small ops few.
-  if (bytes >= kWindowMoveMinBytes && window_next_ + bytes <= (window_side_ + 1) * window_half_) {
-    window_at_ = window_next_;
-  } else {
-    window_side_ ^= 1;
-    window_at_ = window_side_ * window_half_;
-  }
-  window_next_ = window_at_ + round_up(bytes, 64);
-  // Safe to write before publishing: a peer reads these only after it has seen this op's first
-  // phase, and no peer still reads those of op k-2 (see PeerWindow).
-  own->whdr[window_ops_ % 2] = fp;
-  own->wat[window_ops_ % 2] = window_at_;
-  return static_cast<uint8_t*>(bases_[rank_]) + window_offset_ + window_at_;
-}
-
-const uint8_t* ShmTransport::buffer(int rank) const {
-  const size_t at = rank == rank_ ? window_at_ : peer_at_[rank];
-  return static_cast<const uint8_t*>(bases_[rank]) + window_offset_ + at;
-}
-
-void ShmTransport::publish() {
-  ++window_stamp_;
-  // seq_cst store: orders the buffer's contents and the header before it.
-  ringreduce::publish(segment(rank_)->wstamp, window_stamp_);
-}
-
-std::string ShmTransport::message_op_of(int peer, const MsgHeader& fp) const {
-  // Every message of an earlier op has been received by the time it ended, so one waiting now is
-  // of the op the peer is in.
-  const Fifo* f = fifo(rank_, peer);
-  if (f->head.value.load(std::memory_order_acquire) != static_cast<uint32_t>(received_[peer])) {
-    MsgHeader h;
-    std::memcpy(&h, slot(rank_, peer, received_[peer]), sizeof h);
-    return detail::cat("rank ", peer, " sent ", describe_op(h));
-  }
-  const Segment* ps = segment(peer);
-  if (ps->op_seq.load(std::memory_order_acquire) == fp.seq + 1 &&
-      ps->blocked_on.load(std::memory_order_relaxed) == rank_ &&
-      ps->in_window.load(std::memory_order_relaxed) == 0) {
-    return detail::cat("rank ", peer, " waits for a message from rank ", rank_, " in op #", fp.seq);
-  }
-  return "";
-}
-
-void ShmTransport::wait_all(const OpContext& op, const Deadline& dl) {
-  Segment* own = segment(rank_);
-  own->in_window.store(1, std::memory_order_relaxed);
-  struct Leave {
-    Segment* s;
-    ~Leave() { s->in_window.store(0, std::memory_order_relaxed); }
-  } leave{own};
-  const uint32_t want = window_stamp_;
-  const MsgHeader& fp = window_fp_;
-  auto differ = [&](int peer, const std::string& theirs) {
-    const std::string aborted = abort_reason();
-    if (!aborted.empty()) throw_aborted(op);
-    const std::string msg = detail::cat(op_prefix(op.name, op.seq, rank_), "this rank and rank ",
-                                        peer, " called different collectives: ",
-                                        theirs, ", rank ", rank_, " is in ", describe_op(fp));
-    abort_group(msg);
-    throw Error(msg);
-  };
-  // Peers in ring order from this rank's successor: each rank starts with a different one.
-  for (int i = 1; i < size_; ++i) {
-    const int p = (rank_ + i) % size_;
-    Segment* ps = segment(p);
-    wait_until(ps->wstamp, [want](uint32_t v) { return static_cast<int32_t>(v - want) >= 0; }, p,
-               "its part of the op in shared memory", op, dl, [&] {
-                 // Every peer, not only the one waited for: the one in a message op may be
-                 // waiting for a third rank, or sending to this one.
-                 for (int q = 0; q < size_; ++q) {
-                   if (q == rank_) continue;
-                   const std::string theirs = message_op_of(q, fp);
-                   if (!theirs.empty()) differ(q, theirs);
-                 }
-               });
-    const MsgHeader got = ps->whdr[window_ops_ % 2];
-    if (!same_op(got, fp) || got.bytes != fp.bytes) {
-      differ(p, detail::cat("rank ", p, " is in ", describe_op(got)));
-    }
-    // The same op on both sides: the peer's region is as long as this rank's.
-    const size_t at = ps->wat[window_ops_ % 2];
-    RR_CHECK(at + (window_next_ - window_at_) <= 2 * window_half_, op_prefix(op.name, op.seq, rank_),
-             "rank ", p, "'s window region of this op (at ", at, ") lies outside its window");
-    peer_at_[p] = at;
-  }
 }
 
 void ShmTransport::ring(int owner) { bump(segment(owner)->doorbell); }

@@ -135,8 +135,9 @@ class ShmTransport final : public Transport, public GroupControl, private PeerWi
   // Why this rank's segment did not fit in /dev/shm (errno `err`), what it needs and the ways out.
   std::string no_room_message(int rank, int size, int err) const;
   Segment* segment(int owner) const;
-  // Maps in advance the pages of `peer`'s segment that this rank uses.
-  void populate(int peer) const;
+  // Maps in advance the pages of `owner`'s segment (this rank's own included) that window ops
+  // touch.
+  void populate(int owner) const;
   Fifo* fifo(int receiver, int sender) const;
   uint8_t* slot(int receiver, int sender, uint64_t index) const;
 
