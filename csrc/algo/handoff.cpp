@@ -78,7 +78,7 @@ double SlotWrites::best(const std::array<double, kSamples>& s) {
 bool SlotWrites::faster_streamed(const Class& c) const {
   const double plain = best(c.per_byte[0]), streamed = best(c.per_byte[1]);
   if (plain == 0 || streamed == 0) return plain == 0 && streamed != 0;
-  return streamed < plain;
+  return streamed <= (c.best_streamed ? kPlainBack : kStreamWins) * plain;
 }
 
 bool SlotWrites::stream(size_t bytes, bool timed) {

@@ -9,8 +9,8 @@
 // launches and not in others. Streamed, a slot is read from memory, at about the same speed in
 // both placements, but 10-30% slower than a shared cache. Which placement a process has cannot
 // be read from inside a VM, and it can change while the job runs, so each group measures: its
-// large ops try both ways at first and then now and then, and use the faster one
-// (docs/design.md, "Hand-offs between cores", has the measurements).
+// large ops try both ways at first and then now and then, and stream where that is clearly the
+// faster (docs/design.md, "Hand-offs between cores", has the measurements).
 //
 // The choice never changes a result (the bytes written are the same either way) nor what ranks
 // send each other, so ranks may choose differently without harm; they usually agree, since they
@@ -57,6 +57,14 @@ class SlotWrites {
   // the ranks disagree. The first kWarmup batches of a group alternate; after that one batch in
   // kExploreEvery runs the other way, so a change of placement is noticed within that many.
   static constexpr uint64_t kWarmup = 4;
+  // A group streams once streamed writes take kStreamWins of plain ones' time or less, and
+  // writes plainly again once they take more than kPlainBack. Plain writes leave the slots in a
+  // cache the reader may share, and where the two cores share none both ways are slow (at
+  // 1 MiB, two ranks on two chiplets took about 200 us plain and 180 streamed, against 50 plain
+  // on one): a small or noisy lead for streaming made ranks switch, back and forth and each on
+  // its own, for no gain.
+  static constexpr double kStreamWins = 0.8;
+  static constexpr double kPlainBack = 0.9;
   static constexpr uint64_t kExploreEvery = 32;
   static constexpr size_t kBatchBytes = 64 << 10;
   static constexpr uint64_t kMaxBatch = 16;

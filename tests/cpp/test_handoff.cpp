@@ -62,6 +62,28 @@ RR_TEST(auto_tries_both_then_keeps_the_faster) {
   }
 }
 
+RR_TEST(streaming_must_win_clearly) {
+  // Where the two cores share no cache both ways are slow, streamed writes a little less so (at
+  // 1 MiB, about 180 us against 200): too little to leave the cache the reader may share, and
+  // ranks that switched on such a lead, each on its own, switched back and forth. 25% faster is
+  // enough.
+  for (double streamed_cost : {0.9e-10, 0.75e-10}) {
+    SlotWrites w;
+    w.configure(SlotWrites::Mode::Auto, kMin, 0);
+    run(w, 1 << 20, 200, [&](bool s) { return s ? streamed_cost : 1e-10; });
+    const bool want = streamed_cost < 0.8e-10;
+    RR_EXPECT(w.stream(1 << 20, false) == want, "streamed at ", streamed_cost,
+              " s/B against 1e-10 plain: ", !want);
+    // Once streaming, it streams while that keeps a lead of 10%, and writes plainly below it.
+    if (want) {
+      run(w, 1 << 20, 100, [&](bool s) { return s ? 0.75e-10 : 0.85e-10; });
+      RR_EXPECT(w.stream(1 << 20, false), "still streamed at 0.75 against 0.85");
+      run(w, 1 << 20, 100, [&](bool s) { return s ? 0.75e-10 : 0.8e-10; });
+      RR_EXPECT(!w.stream(1 << 20, false), "plain at 0.75 against 0.8");
+    }
+  }
+}
+
 RR_TEST(auto_follows_a_change_of_placement) {
   SlotWrites w;
   w.configure(SlotWrites::Mode::Auto, kMin, 0);
