@@ -1,8 +1,9 @@
 """Multi-process test harness for the ringreduce process-group backend.
 
-Starting a rank costs seconds (importing torch) and CI has 2 cores, so ranks are
-started once per (world size, environment) as a *pool* and every test sends work to
-the pool instead of spawning its own processes:
+Starting a rank costs time (its group's set-up; importing torch, 2-3 s here, is done once, in
+the fork server the ranks come from) and CI has 2 cores, so ranks are started once per
+(world size, environment) as a *pool* and every test sends work to the pool instead of
+starting its own processes:
 
     pool = Pool(4, env={"RINGREDUCE_SLICE_BYTES": "64"})
     per_rank = pool.run(some_module_level_fn, arg1, arg2, timeout=60)
@@ -28,8 +29,8 @@ the tests) and, over the same ranks, a gloo group used as the comparison oracle.
 The reference arithmetic the tests check results with (the dtype and op tables, input
 generation, float64 / exact-integer references, tolerances) is in reference.py; this file
 keeps the cross-rank check of results (``check_results``, ``digest``).  Both import torch
-lazily so that a rank process can apply its environment before torch (and the backend)
-are imported.
+lazily, and the fork server loads nothing of ringreduce, so that a rank process applies its
+environment (the parent's whole environment, then the pool's) before the backend is imported.
 """
 
 from __future__ import annotations
@@ -308,6 +309,21 @@ def _last_line(tb: str) -> str:
     return lines[-1] if lines else tb
 
 
+_CONTEXT = None
+
+
+def _rank_context():
+    """Rank processes come from a fork server that has imported torch: a process that imports
+    it anew takes 2-3 s of a CPU here, and the suite starts a few hundred ranks. Nothing of
+    ringreduce is loaded before a rank has set its environment (_rank_main)."""
+    global _CONTEXT
+    if _CONTEXT is None:
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["torch"])
+        _CONTEXT = ctx
+    return _CONTEXT
+
+
 class Pool:
     """N rank processes (spawn), each with the default group of the backend under test
     plus a gloo group; see the module docstring."""
@@ -359,8 +375,10 @@ class Pool:
             url = self.init_method() if callable(self.init_method) else self.init_method
             init = ("url", url)
         here = os.path.dirname(os.path.abspath(__file__))
-        ctx = mp.get_context("spawn")
-        env = {BACKEND_ENV: self.backend, SEED_ENV: str(base_seed()), **self.env}
+        ctx = _rank_context()
+        # The whole environment, as a spawned process would inherit it: the fork server's is the
+        # one it started with.
+        env = {**os.environ, BACKEND_ENV: self.backend, SEED_ENV: str(base_seed()), **self.env}
         for r in range(self.world_size):
             parent_end, child_end = ctx.Pipe(duplex=True)
             p = ctx.Process(

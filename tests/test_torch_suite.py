@@ -1,7 +1,8 @@
-"""A part of torch's own DistributedTest suite, on ringreduce and on gloo (scripts/torch_suite.py):
-ringreduce must pass every test of it that gloo passes. The part covers what the suite found
-(the legacy coalesced all-gather layout, a timed-out barrier's words, sparse all-reduce) and an
-async all-reduce; it is kept small, as every test starts its own ranks; `make test-torch-suite` runs the whole suite."""
+"""A part of torch's own DistributedTest suite on ringreduce (scripts/torch_suite.py): every test
+of it must pass, as each does on gloo. The part covers what the suite found (the legacy coalesced
+all-gather layout, a timed-out barrier's words, sparse all-reduce) and an async all-reduce; it is
+kept small, as every test starts its own ranks, and gloo is not run beside it here (that doubled
+its time); `make test-torch-suite` runs the whole suite on both and compares."""
 
 import importlib.util
 import os
@@ -31,7 +32,7 @@ def test_ringreduce_passes_what_gloo_passes_in_a_part_of_torchs_suite(tmp_path, 
         sys.path.pop(0)
     select = " or ".join(PART)
     rc = torch_suite.main(["-k", select, "--min-ratio", "1.0", "--out", str(tmp_path),
-                           "--timeout", "1200"])
+                           "--timeout", "1200", "--no-gloo"])
     out = capsys.readouterr().out
     assert rc == 0, out
-    assert "gloo passes" in out, out
+    assert f"ringreduce passes {len(PART)} of the {len(PART)} selected" in out, out
