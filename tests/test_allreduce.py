@@ -2,8 +2,8 @@
 
 The sweep: world size 1..4 x element count {0, 1, world-1, 1009, 2^20+3} x every dtype x
 every op the dtype supports (reference.ops_for) x {sync, async + work.wait(), async +
-work.get_future().wait()} (the last not at 2^20+3), in place.  One pool call per (world size, dtype) runs all of
-that dtype's cases; a failure names each bad case as
+work.get_future().wait()} (the last not at 2^20+3), in place.  One pool call per (world
+size, dtype) runs all of that dtype's cases; a failure names each bad case as
 "world=W count=N dtype=D op=O mode=M".
 
 Every case draws fresh random inputs (reference.make_input) and checks:
