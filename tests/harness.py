@@ -326,8 +326,7 @@ def _rank_context():
 
 class Pool:
     """N rank processes (from the fork server, _rank_context), each with the default group of
-    the backend under test
-    plus a gloo group; see the module docstring."""
+    the backend under test plus a gloo group; see the module docstring."""
 
     _call_ids = itertools.count(1)
 
