@@ -121,24 +121,23 @@ def main(argv=None):
     write_suite(args.out)
     rr = run("ringreduce", args.out, args.world, args.select, args.timeout)
     if args.no_gloo:
-        # Every test the selection names counts, but for those skipped for want of a GPU (gloo
-        # skips them as well).
-        gloo = {n: ("passed", "") for n, (s, why) in rr.items()
-                if not (s == "skipped" and "CUDA" in why)}
+        # Every test the selection names must pass, but for those skipped for want of a GPU
+        # (gloo skips them as well).
+        expected = sorted(n for n, (s, why) in rr.items() if not (s == "skipped" and "CUDA" in why))
     else:
         gloo = run("gloo", args.out, args.world, args.select, args.timeout)
-    gloo_passed = sorted(n for n, (s, _) in gloo.items() if s == "passed")
-    ours = [n for n in gloo_passed if rr.get(n, ("missing", ""))[0] == "passed"]
-    extra = sorted(n for n, (s, _) in rr.items() if s == "passed" and n not in set(gloo_passed))
-    ratio = len(ours) / len(gloo_passed) if gloo_passed else 1.0
+        expected = sorted(n for n, (s, _) in gloo.items() if s == "passed")
+    ours = [n for n in expected if rr.get(n, ("missing", ""))[0] == "passed"]
+    extra = sorted(n for n, (s, _) in rr.items() if s == "passed" and n not in set(expected))
+    ratio = len(ours) / len(expected) if expected else 1.0
     print(f"# torch's DistributedTest suite, world {args.world}"
           + (f", -k {args.select!r}" if args.select else "") + ":")
     if args.no_gloo:
-        print(f"# gloo not run: ringreduce passes {len(ours)} of the {len(gloo_passed)} selected")
+        print(f"# gloo not run: ringreduce passes {len(ours)} of the {len(expected)} selected")
     else:
-        print(f"# gloo passes {len(gloo_passed)} of {len(gloo)}; ringreduce passes {len(ours)} of "
+        print(f"# gloo passes {len(expected)} of {len(gloo)}; ringreduce passes {len(ours)} of "
               f"those ({100 * ratio:.1f}%), and {len(extra)} that gloo does not")
-    for n in gloo_passed:
+    for n in expected:
         state, why = rr.get(n, ("missing", ""))
         if state != "passed":
             print(f"#   {n}: {state}: {why[:200]}")

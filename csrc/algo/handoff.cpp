@@ -75,7 +75,7 @@ double SlotWrites::best(const std::array<double, kSamples>& s) {
   return m;
 }
 
-bool SlotWrites::faster_streamed(const Class& c) const {
+bool SlotWrites::should_stream(const Class& c) const {
   const double plain = best(c.per_byte[0]), streamed = best(c.per_byte[1]);
   if (plain == 0 || streamed == 0) return plain == 0 && streamed != 0;
   return streamed <= (c.best_streamed ? kPlainBack : kStreamWins) * plain;
@@ -106,7 +106,7 @@ void SlotWrites::done(size_t bytes, bool streamed, double seconds) {
   c.batch_bytes[way] = 0;
   c.batch_ops[way] = 0;
   const bool was = c.best_streamed;
-  c.best_streamed = faster_streamed(c);
+  c.best_streamed = should_stream(c);
   if (c.best_streamed != was && c.ops > kWarmup * c.batch && log::enabled(log::Level::Info)) {
     const double plain = best(c.per_byte[0]), stream = best(c.per_byte[1]);
     log::write(log::Level::Info, rank_,

@@ -81,7 +81,8 @@ class SlotWrites {
   };
   int class_of(size_t bytes) const;
   static double best(const std::array<double, kSamples>& s);
-  bool faster_streamed(const Class& c) const;
+  // Whether the group streams, from its recent figures and its current way (kStreamWins, kPlainBack).
+  bool should_stream(const Class& c) const;
 
   Mode mode_ = Mode::Plain;
   size_t min_bytes_ = 0;
