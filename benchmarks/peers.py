@@ -35,8 +35,9 @@ Why it is built this way:
   The probe keeps its fastest run: it measures the CPU's speed, not its share, and a launch slowed
   by other processes on the cores reads CPU-normal.
 - One timing loop for every backend (peers_ranks.py, `time_sizes`): at each size, WARMUP untimed
-  iterations, a barrier, then as many iterations as last about --seconds (the count from the slowest
-  rank's warm-up, so the same on every rank); the time is the slowest rank's mean. Barriers and that
+  iterations, batches of the timed loop until one lasts a tenth of --seconds on the slowest rank (the
+  count of timed iterations comes from that batch, so it is the same on every rank), a barrier, then
+  that many iterations; the time is the slowest rank's mean. Barriers and that
   bookkeeping go through a separate channel (a gloo group, or MPI's own), never through the
   collective being measured. The native drivers follow the same protocol in C
   (benchmarks/peers/timing.h) and write the same JSON.

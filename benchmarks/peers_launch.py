@@ -155,7 +155,8 @@ def launch(peer: Peer, world: int, args, tmp: str) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     if peer.name in peers_native.NATIVE:
         driver = ["--sizes", ",".join(map(str, args.sizes)), "--seconds", str(args.seconds),
-                  "--warmup", str(peers_ranks.WARMUP), "--min-iters", str(peers_ranks.MIN_ITERS), "--out", out]
+                  "--warmup", str(peers_ranks.WARMUP), "--calibrate", str(peers_ranks.CALIBRATE_SHARE),
+                  "--min-iters", str(peers_ranks.MIN_ITERS), "--out", out]
         cmd = peers_native.command(peer.python, peer.info["binary"], world, driver)
         commands = [(cmd, peers_native.environment(peer.name, peer.python, env),
                      os.path.join(tmp, f"{peer.name}-{world}.log"))]

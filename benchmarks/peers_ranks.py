@@ -16,7 +16,6 @@ import argparse
 import json
 import math
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -29,6 +28,9 @@ import peers_native  # noqa: E402
 
 DTYPES = {"float32": 4, "bfloat16": 2}
 WARMUP = 5
+# The timed count comes from batches of the timed loop itself, each run until one lasts this
+# share of --seconds on the slowest rank (see calibrate()).
+CALIBRATE_SHARE = 0.1
 # A floor on the timed iterations, so that a slow size still averages over a few calls.
 MIN_ITERS = 3
 # Every backend, in the order the table prints its columns; ratios are each one's time over
@@ -73,6 +75,35 @@ def probe_record(before: float, after: float, by: str) -> dict:
 
 
 # Not ringreduce.bench.timing's loop: this one also runs over mpi4py and in C (timing.h), with no torch.distributed.
+def _run(comm: Comm, buf, n: int) -> None:
+    """n all-reduces of buf, as the timed loop runs them: in the backend's own loop where it has one."""
+    if comm.loop is not None:
+        comm.loop(buf, n)
+    else:
+        for _ in range(n):
+            comm.allreduce(buf)
+
+
+def calibrate(comm: Comm, buf, seconds: float) -> int:
+    """How many iterations last about `seconds`: batches of the timed loop, each sized from the last
+    one's time, until one takes CALIBRATE_SHARE of `seconds` on the slowest rank (so every rank
+    runs the same batches and gets the same count).
+
+    Not from a few single calls: where those are slower than the loop (ranks not yet in step,
+    a call from Python timed on its own), a count taken from them made the timed loop last a small
+    part of `seconds` (a few ms), and the ranks' skew out of the barrier then weighed on its mean.
+    """
+    n = 1
+    while True:
+        start = time.perf_counter()
+        _run(comm, buf, n)
+        took = max(comm.allmax(time.perf_counter() - start), 1e-9)
+        if took >= seconds * CALIBRATE_SHARE:
+            return max(MIN_ITERS, math.ceil(seconds * n / took))
+        # Toward the share with a 20% margin, at least doubling and at most 100x a batch.
+        n = min(100 * n, max(2 * n, math.ceil(n * seconds * CALIBRATE_SHARE * 1.2 / took)))
+
+
 def time_sizes(comm: Comm, sizes: list[int], itemsize: int, seconds: float) -> list[dict]:
     """Time an in-place SUM all-reduce at each size; return rank-independent rows.
 
@@ -83,19 +114,12 @@ def time_sizes(comm: Comm, sizes: list[int], itemsize: int, seconds: float) -> l
     rows = []
     for nbytes in sizes:
         buf = comm.zeros(nbytes // itemsize)
-        warm = []
         for _ in range(WARMUP):
-            start = time.perf_counter()
             comm.allreduce(buf)
-            warm.append(time.perf_counter() - start)
-        iters = max(MIN_ITERS, math.ceil(seconds / comm.allmax(statistics.median(warm))))
+        iters = calibrate(comm, buf, seconds)
         comm.barrier()
         start = time.perf_counter()
-        if comm.loop is not None:
-            comm.loop(buf, iters)
-        else:
-            for _ in range(iters):
-                comm.allreduce(buf)
+        _run(comm, buf, iters)
         mean = comm.allmax((time.perf_counter() - start) / iters)
 
         buf[:] = comm.rank + 1

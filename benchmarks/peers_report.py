@@ -20,7 +20,7 @@ if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # the modules be
 import peers_native  # noqa: E402
 from peers_cpu import PROBE_CHUNKS, PROBE_ITERS, SLOW_CPU, cpu_model  # noqa: E402
 from peers_launch import ESSENTIAL, LABELS, MPIRUN_FLAGS, PEERS, Peer  # noqa: E402
-from peers_ranks import BACKENDS, DTYPES, MIN_ITERS, WARMUP  # noqa: E402
+from peers_ranks import BACKENDS, CALIBRATE_SHARE, DTYPES, MIN_ITERS, WARMUP  # noqa: E402
 
 
 def busbw_gbps(nbytes: int, world: int, seconds: float) -> float:
@@ -58,8 +58,9 @@ def header(args, peers: dict[str, Peer]) -> list[str]:
         + (f"; RINGREDUCE_ALGO={algo} in ringreduce's ranks" if algo else ""),
         f"# command: {args.command}",
         f"# timing, the same for every backend: per size, {WARMUP} untimed iterations, a barrier, then as many "
-        f"iterations as last ~{args.seconds:g} s (at least {MIN_ITERS}; the count from the slowest rank's "
-        "warm-up, the same on every rank); time = the slowest rank's mean iteration",
+        f"iterations as last ~{args.seconds:g} s (at least {MIN_ITERS}; the count from batches of the timed loop, "
+        f"the last lasting {CALIBRATE_SHARE:g} of that on the slowest rank, the same on every rank); "
+        "time = the slowest rank's mean iteration",
         f"# each backend in a launch of its own, {args.rounds} round(s) with the order rotated each round; a cell is "
         f"the median over rounds; 1 intra-op thread per rank (OMP_NUM_THREADS=1); every size checked once after "
         "its timing",

@@ -10,10 +10,12 @@ and the JSON records, not the numbers.
 
 import importlib.util
 import json
+import math
 import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -220,6 +222,43 @@ def test_parse_args_sizes_and_peers():
             peers.parse_args(bad)
 
 
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_timed_count_fills_the_seconds_when_single_calls_are_slower_than_the_loop():
+    """A backend whose calls made one at a time take 20x its looped ones (ranks out of step, a call
+    from Python timed alone): the timed loop still lasts about --seconds. A count taken from single
+    warm-up calls gave it a twentieth of that."""
+    per_loop_op, per_call, seconds = 20e-6, 400e-6, 0.1
+    comm = peers_ranks.Comm(rank=0, world=1, zeros=lambda n: [0.0] * n,
+                            allreduce=lambda buf: _spin(per_call), barrier=lambda: None, allmax=lambda x: x,
+                            loop=lambda buf, n: _spin(n * per_loop_op))
+    iters = peers_ranks.calibrate(comm, None, seconds)
+    assert 0.5 * seconds <= iters * per_loop_op <= 2 * seconds, iters
+    # Without a loop of its own, the Python loop of single calls is what is timed and calibrated.
+    comm.loop = None
+    iters = peers_ranks.calibrate(comm, None, seconds)
+    assert 0.5 * seconds <= iters * per_call <= 2 * seconds, iters
+
+
+def test_calibration_agrees_across_ranks_through_allmax():
+    """The count is taken from the slowest rank's batch time (what allmax returns), so every rank
+    runs the same batches and gets the same count."""
+    times = iter([1e-3, 4e-3, 0.05])  # the slowest rank's time of each batch
+    batches = []
+    comm = peers_ranks.Comm(rank=0, world=2, zeros=lambda n: None, allreduce=lambda buf: None,
+                            barrier=lambda: None, allmax=lambda x: next(times),
+                            loop=lambda buf, n: batches.append(n))
+    iters = peers_ranks.calibrate(comm, None, 0.2)
+    # Each batch sized toward a tenth of 0.2 s from the last one's time (1 ms for 1: about 24), and
+    # the count from the one that reached it (50 ms).
+    assert len(batches) == 3 and batches[0] == 1 and 20 <= batches[1] <= 30 and 5 * batches[1] <= batches[2]
+    assert iters == math.ceil(0.2 * batches[2] / 0.05)
+
+
 def test_the_ranks_modules_need_no_ringreduce():
     # The ranks and the peers' probe run peers_ranks.py in .venv-peers, which has no ringreduce, and
     # tp_decode.py's DeepSpeed ranks import peers_launch there; only the report and the command line
@@ -349,7 +388,7 @@ def test_driver_builds_runs_and_checks_its_sums(name, tmp_path):
     out = tmp_path / "out.json"
     cmd = native.command(native.DEFAULT_ROOT, info["binary"], 2, [
         "--sizes", "1024,65536", "--seconds", "0.01", "--warmup", str(peers_ranks.WARMUP),
-        "--min-iters", str(peers_ranks.MIN_ITERS), "--out", str(out)])
+        "--calibrate", str(peers_ranks.CALIBRATE_SHARE), "--min-iters", str(peers_ranks.MIN_ITERS), "--out", str(out)])
     env = native.environment(name, native.DEFAULT_ROOT, dict(os.environ))
     run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
@@ -358,6 +397,7 @@ def test_driver_builds_runs_and_checks_its_sums(name, tmp_path):
     assert all(r["time_s"] > 0 and r["iters"] >= peers_ranks.MIN_ITERS for r in result["rows"]), result
     assert result["library"], result
     # A driver asked for what it cannot do says so, and does not run.
-    bad = subprocess.run([info["binary"], "--sizes", "1023", "--seconds", "1", "--warmup", "1", "--min-iters", "1",
+    bad = subprocess.run([info["binary"], "--sizes", "1023", "--seconds", "1", "--warmup", "1", "--calibrate", "0.1",
+                          "--min-iters", "1",
                           "--out", str(out)], env=env, capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and "whole number of floats" in bad.stderr, bad.stderr

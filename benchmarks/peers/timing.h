@@ -3,11 +3,12 @@
  * the measured in-place float SUM all-reduce; this file does the rest, the same way the Python
  * workers do:
  *
- *   per size: a zeroed buffer; --warmup untimed iterations (each one timed on its own); the count
- *   of timed iterations = max(--min-iters, ceil(--seconds / the slowest rank's median warm-up
- *   iteration)), so the same on every rank; a barrier; the timed loop; time = the slowest rank's
- *   mean iteration. Then once more with every element = rank + 1, and every rank checks that
- *   each element is world(world+1)/2 (small integers, exact in float).
+ *   per size: a zeroed buffer; --warmup untimed iterations; batches of the timed loop, each sized
+ *   from the last one's time on the slowest rank, until one lasts --calibrate times --seconds; the
+ *   count of timed iterations = max(--min-iters, ceil(--seconds x that batch's iterations / its
+ *   time)), so the same on every rank; a barrier; the timed loop; time = the slowest rank's mean
+ *   iteration. Then once more with every element = rank + 1, and every rank checks that each
+ *   element is world(world+1)/2 (small integers, exact in float).
  *
  * The barrier and the two max-reductions go through `control`, an MPI communicator that the
  * driver duplicated for them, never through the measured collective or its communicator.
@@ -15,7 +16,7 @@
  * that peers_ranks.py's workers write and peers_launch.py reads. A wrong sum aborts the job (MPI_Abort)
  * with a message naming the rank, the size and the count of wrong elements.
  *
- * Command line: DRIVER --sizes 1024,65536 --seconds 0.2 --warmup 5 --min-iters 3 --out PATH
+ * Command line: DRIVER --sizes 1024,65536 --seconds 0.2 --warmup 5 --calibrate 0.1 --min-iters 3 --out PATH
  *               DRIVER --version   (rank 0 prints the library's version as one JSON line)
  */
 #ifndef RINGREDUCE_PEERS_TIMING_H
@@ -41,6 +42,7 @@ struct peers_options {
     int nsizes;
     double seconds;
     int warmup;
+    double calibrate; /* the share of --seconds a calibration batch must last */
     int min_iters;
     const char *out;
     int version; /* --version: print the library's version and leave */
@@ -57,7 +59,7 @@ struct peers_row {
 typedef void (*peers_allreduce_fn)(float *buf, size_t count, void *ctx);
 
 static void peers_usage(const char *prog, const char *why) {
-    fprintf(stderr, "%s: %s\nusage: %s --sizes B1,B2,... --seconds S --warmup N --min-iters N --out PATH\n"
+    fprintf(stderr, "%s: %s\nusage: %s --sizes B1,B2,... --seconds S --warmup N --calibrate F --min-iters N --out PATH\n"
                     "       %s --version\n", prog, why, prog, prog);
     exit(2);
 }
@@ -66,6 +68,7 @@ static void peers_parse(int argc, char **argv, struct peers_options *o) {
     memset(o, 0, sizeof *o);
     o->seconds = -1;
     o->warmup = -1;
+    o->calibrate = -1;
     o->min_iters = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -93,6 +96,8 @@ static void peers_parse(int argc, char **argv, struct peers_options *o) {
             o->seconds = strtod(v, &end);
         } else if (strcmp(a, "--warmup") == 0) {
             o->warmup = (int)strtol(v, &end, 10);
+        } else if (strcmp(a, "--calibrate") == 0) {
+            o->calibrate = strtod(v, &end);
         } else if (strcmp(a, "--min-iters") == 0) {
             o->min_iters = (int)strtol(v, &end, 10);
         } else if (strcmp(a, "--out") == 0) {
@@ -101,8 +106,10 @@ static void peers_parse(int argc, char **argv, struct peers_options *o) {
             peers_usage(argv[0], "unknown option");
         }
     }
-    if (!o->version && (o->nsizes == 0 || o->seconds <= 0 || o->warmup < 1 || o->min_iters < 1 || !o->out))
-        peers_usage(argv[0], "--sizes, --seconds, --warmup (>= 1), --min-iters (>= 1) and --out are all needed");
+    if (!o->version && (o->nsizes == 0 || o->seconds <= 0 || o->warmup < 1 || o->calibrate <= 0 || o->calibrate > 1 ||
+                        o->min_iters < 1 || !o->out))
+        peers_usage(argv[0], "--sizes, --seconds, --warmup (>= 1), --calibrate (in (0, 1]), --min-iters (>= 1) and --out "
+                             "are all needed");
 }
 
 static double peers_now(void) {
@@ -117,44 +124,53 @@ static double peers_allmax(double x, MPI_Comm control) {
     return out;
 }
 
-static int peers_cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
+static void peers_run(float *buf, size_t count, long n, peers_allreduce_fn allreduce, void *ctx) {
+    for (long i = 0; i < n; i++)
+        allreduce(buf, count, ctx);
 }
 
-/* Python's statistics.median: the middle one, or the mean of the two middle ones. */
-static double peers_median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, peers_cmp_double);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+/* How many iterations last about `seconds`: peers_ranks.py's calibrate(), in C. */
+static long peers_calibrate(const struct peers_options *o, float *buf, size_t count, MPI_Comm control,
+                            peers_allreduce_fn allreduce, void *ctx) {
+    long n = 1;
+    for (;;) {
+        double start = peers_now();
+        peers_run(buf, count, n, allreduce, ctx);
+        double took = peers_allmax(peers_now() - start, control);
+        if (took < 1e-9)
+            took = 1e-9;
+        if (took >= o->seconds * o->calibrate) {
+            long iters = (long)ceil(o->seconds * (double)n / took);
+            return iters < o->min_iters ? o->min_iters : iters;
+        }
+        /* Toward the share with a 20% margin, at least doubling and at most 100x a batch. */
+        double next = ceil((double)n * o->seconds * o->calibrate * 1.2 / took);
+        if (next < 2.0 * (double)n)
+            next = 2.0 * (double)n;
+        if (next > 100.0 * (double)n)
+            next = 100.0 * (double)n;
+        n = (long)next;
+    }
 }
 
 /* One row per size into `rows`; every rank runs it, every rank's rows are the same. */
 static void peers_time_sizes(const struct peers_options *o, int rank, int world, MPI_Comm control,
                              peers_allreduce_fn allreduce, void *ctx, struct peers_row *rows) {
-    double *warm = (double *)malloc(sizeof(double) * (size_t)o->warmup);
     for (int s = 0; s < o->nsizes; s++) {
         size_t count = (size_t)o->sizes[s] / sizeof(float);
         /* Owned here, freed at the end of the size. Zeroed: repeated in-place sums of anything
          * else overflow to inf within a few hundred iterations (see time_sizes). */
         float *buf = (float *)aligned_alloc(64, (count * sizeof(float) + 63) / 64 * 64);
-        if (!buf || !warm) {
+        if (!buf) {
             fprintf(stderr, "rank %d: cannot allocate %ld bytes\n", rank, o->sizes[s]);
             MPI_Abort(MPI_COMM_WORLD, 1);
         }
         memset(buf, 0, count * sizeof(float));
-        for (int i = 0; i < o->warmup; i++) {
-            double start = peers_now();
-            allreduce(buf, count, ctx);
-            warm[i] = peers_now() - start;
-        }
-        double slowest = peers_allmax(peers_median(warm, o->warmup), control);
-        long iters = (long)ceil(o->seconds / slowest);
-        if (iters < o->min_iters)
-            iters = o->min_iters;
+        peers_run(buf, count, o->warmup, allreduce, ctx);
+        long iters = peers_calibrate(o, buf, count, control, allreduce, ctx);
         MPI_Barrier(control);
         double start = peers_now();
-        for (long i = 0; i < iters; i++)
-            allreduce(buf, count, ctx);
+        peers_run(buf, count, iters, allreduce, ctx);
         double mean = peers_allmax((peers_now() - start) / (double)iters, control);
 
         for (size_t i = 0; i < count; i++)
@@ -174,7 +190,6 @@ static void peers_time_sizes(const struct peers_options *o, int rank, int world,
         rows[s].time_s = mean;
         rows[s].iters = iters;
     }
-    free(warm);
 }
 
 /* `text` as a JSON string, quotes included; the library strings have no non-ASCII characters,
