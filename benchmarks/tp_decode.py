@@ -23,12 +23,18 @@ The setups (--setups takes a comma list of these keys; default all):
   dtensor-rr             the same on the ringreduce group
   dtensor-gloo-compiled  dtensor-gloo under torch.compile (--compile-backend, default aot_eager)
   dtensor-rr-compiled    dtensor-rr under torch.compile
+  dtensor-none           the same DTensor model on torch's fake process group, whose collectives do
+                         nothing: the floor of the DTensor rows, what DTensor and compute alone take
+                         (its tokens differ, as they must)
+  dtensor-none-compiled  dtensor-none under torch.compile
   split-gloo             the hand-split model, each all-reduce dist.all_reduce on the gloo group
   split-rr               the same, dist.all_reduce on the ringreduce group
   split-direct           the same, ringreduce's direct op ringreduce.all_reduce_(t, op="sum")
   split-deepspeed        the same, deepspeed.comm.inference_all_reduce(t) (DS_ACCELERATOR=cpu, in the
                          python of .venv-peers, in a launch of its own; that launch also times
-                         split-none, so that the two launches' machines can be compared)
+                         split-none, so that the two launches' machines can be compared, and
+                         split-direct on a ringreduce group of its own (split-direct@ds), the row
+                         that DeepSpeed's is compared with)
   split-none             the same with no communication: the all-reduce replaced by nothing, the
                          floor that compute alone sets (its tokens differ, as they must)
 
@@ -42,6 +48,8 @@ How it is measured:
   (one per round). warm-up = the first generation's time, compilation included.
 - tokens: the generated ids of the last round, compared with dtensor-gloo's; ranks are checked to
   agree with one another (a split model's ranks compute the same logits).
+- each warm-up is checked on the ringreduce group's op count: a setup on ringreduce runs two
+  all-reduces per layer and forward there, any other none (a setup that does not is an error row).
 - One intra-op thread per rank (--threads), since the development machine gives each of two ranks
   one core.
 """
@@ -97,6 +105,8 @@ SETUPS = [
     Setup("dtensor-rr", "DTensor, ringreduce, eager", "dtensor", "ringreduce"),
     Setup("dtensor-gloo-compiled", "DTensor, gloo, compiled", "dtensor", "gloo", compiled=True),
     Setup("dtensor-rr-compiled", "DTensor, ringreduce, compiled", "dtensor", "ringreduce", compiled=True),
+    Setup("dtensor-none", "DTensor, no communication (floor)", "dtensor", "none"),
+    Setup("dtensor-none-compiled", "DTensor, no communication, compiled", "dtensor", "none", compiled=True),
     Setup("split-gloo", "hand-split, dist.all_reduce on gloo", "split", "gloo"),
     Setup("split-rr", "hand-split, dist.all_reduce on ringreduce", "split", "ringreduce"),
     Setup("split-direct", "hand-split, ringreduce.all_reduce_ (direct op)", "split", "direct"),
@@ -107,6 +117,10 @@ BY_KEY = {s.key: s for s in SETUPS}
 REFERENCE = "dtensor-gloo"
 # The floor timed again inside DeepSpeed's launch, to show how that launch's machine compared.
 DS_FLOOR = "split-none@ds"
+# ringreduce's direct op timed again inside DeepSpeed's launch, in the same processes as DeepSpeed's
+# op (this repository's package, on the peers' python, whose torch is the same version as .venv's):
+# the comparison with DeepSpeed that no difference between launches enters.
+DS_DIRECT = "split-direct@ds"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -299,11 +313,16 @@ def build(cfg, sd: dict, form: str, rank: int, world: int, shared: dict) -> Deco
     return model.eval()
 
 
-def parallelize(model: Decoder, group):
+def parallelize(model: Decoder, group, comm: str):
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    mesh = DeviceMesh.from_group(group, "cpu")
+    # A mesh dimension named after the setup's communication: DeviceMesh compares equal, and hashes
+    # alike, by ranks, device type and dimension names, not by its group, and DTensor caches what
+    # its ops produce (their outputs' meshes) by mesh. Two unnamed meshes over the same ranks on two
+    # groups are then one: every all-reduce of the second model to run went through the group of
+    # the first (torch 2.13), so DTensor on ringreduce ran on gloo.
+    mesh = DeviceMesh.from_group(group, "cpu", mesh_dim_names=(f"tp-{comm}",))
     plan = {f"blocks.*.{name}": ColwiseParallel() for name in COLUMN}
     plan.update({f"blocks.*.{name}": RowwiseParallel() for name in ROW})
     # Every rank holds the same whole weights: each keeps its own shard, nothing is sent.
@@ -336,6 +355,15 @@ def _first_line(e: BaseException) -> str:
     return line if len(line) <= 200 else line[:197] + "..."
 
 
+def _fake_group():
+    """A group of every rank on torch's fake process group ("fake"), whose collectives return at
+    once without moving anything."""
+    import torch.distributed as dist
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the "fake" backend)
+
+    return dist.new_group(backend="fake")
+
+
 def _main_setups(cfg, rank, world):
     """{key: (model, reason it cannot run or None)} for the setups of the main launch."""
     import torch.distributed as dist
@@ -349,11 +377,20 @@ def _main_setups(cfg, rank, world):
     wanted = set(cfg.setups)
     models: dict = {}
     dtensor: dict = {}
-    for comm, group in (("gloo", gloo), ("ringreduce", rr)):
+    groups = [gloo]
+    for comm in ("gloo", "ringreduce", "none"):
         keys = [s.key for s in SETUPS if s.form == "dtensor" and s.comm == comm and s.key in wanted]
         if keys:
+            group = {"gloo": gloo, "ringreduce": rr}.get(comm)
+            if comm == "none":
+                try:
+                    group = _fake_group()
+                except Exception as e:  # noqa: BLE001  (a row that says why, not a crashed run)
+                    dtensor[comm] = (None, f"torch's fake process group is not available: {_first_line(e)}")
+                    continue
+                groups.append(group)
             try:
-                dtensor[comm] = (parallelize(build(cfg, sd, "dtensor", rank, world, shared), group), None)
+                dtensor[comm] = (parallelize(build(cfg, sd, "dtensor", rank, world, shared), group, comm), None)
             except Exception as e:  # noqa: BLE001  (a row that says why, not a crashed run)
                 dtensor[comm] = (None, f"parallelize_module failed: {_first_line(e)}")
     split_keys = [s.key for s in SETUPS if s.form == "split" and s.key in wanted]
@@ -381,14 +418,18 @@ def _main_setups(cfg, rank, world):
                   "ringreduce": lambda t: dist.all_reduce(t, group=rr),
                   "none": None}[s.comm]
             models[s.key] = (split, fn)
-    return models, [gloo]
+    # How many ops the ringreduce group has run, for the check that each setup communicates where it says.
+    rr_ops = rr._get_backend(torch.device("cpu"))._get_sequence_number_for_group
+    return models, groups, rr_ops
 
 
-def _run_setups(cfg, rank, world, control, models: dict) -> dict:
+def _run_setups(cfg, rank, world, control, models: dict, rr_ops=None) -> dict:
     """Warm up and time every runnable setup; return {key: this rank's record}.
 
     models[key] is (model, reduce) for a hand-split setup, whose all-reduce is set before each of its
-    generations, and (model, reason) for a DTensor one, where a string says why it cannot run."""
+    generations, and (model, reason) for a DTensor one, where a string says why it cannot run.
+    rr_ops() counts the ringreduce group's ops: each warm-up is checked to have communicated there
+    exactly when its setup says it does (_wrong_group)."""
     import torch.distributed as dist
 
     g = torch.Generator().manual_seed(SEED + 1)
@@ -411,11 +452,14 @@ def _run_setups(cfg, rank, world, control, models: dict) -> dict:
         start = time.perf_counter()
         if problem is None:
             dist.barrier(group=control)
+            before = rr_ops() if rr_ops else 0
             try:
                 run(key, min(WARMUP_TOKENS, cfg.tokens))
             except Exception as e:  # noqa: BLE001
                 problem = (f"{'compile' if BY_KEY[key.split('@')[0]].compiled else 'warm-up'} failed: "
                            f"{_first_line(e)}")
+            if problem is None and rr_ops:
+                problem = _wrong_group(key, rr_ops() - before, cfg)
         warm = time.perf_counter() - start
         # Every rank must agree on what runs: one that failed would leave its peer waiting.
         problems: list = [None] * world
@@ -434,6 +478,46 @@ def _run_setups(cfg, rank, world, control, models: dict) -> dict:
             rec["steps"] += steps
             rec["tokens"] = tokens
     return records
+
+
+def _direct_beside_deepspeed(split, world: int, control):
+    """(model, reduce or reason), the op counter and the group of ringreduce's direct op in
+    DeepSpeed's launch: this repository's ringreduce imported into the peers' python. Every rank
+    must load it before any creates its group, or the others would wait in new_group."""
+    import torch.distributed as dist
+
+    problem = None
+    try:
+        if REPO not in sys.path:
+            sys.path.insert(0, REPO)
+        import ringreduce
+
+        if not hasattr(ringreduce, "all_reduce_"):
+            problem = "this ringreduce has no direct op"
+    except Exception as e:  # noqa: BLE001  (a row that says why, not a crashed run)
+        problem = f"ringreduce does not load in {sys.executable}: {_first_line(e)}"
+    problems: list = [None] * world
+    dist.all_gather_object(problems, problem, group=control)
+    reason = next((p for p in problems if p), None)
+    if reason:
+        return (None, reason), None, None
+    group = dist.new_group(backend="ringreduce")
+    ops = group._get_backend(torch.device("cpu"))._get_sequence_number_for_group
+    return (split, lambda t: ringreduce.all_reduce_(t, op="sum", group=group)), ops, group
+
+
+def _wrong_group(key: str, rr_ops: int, cfg) -> str | None:
+    """Why a setup's warm-up shows it did not communicate where it says (None when it did): one on
+    ringreduce issues two all-reduces per layer and forward on the ringreduce group, any other
+    none there."""
+    forwards = min(WARMUP_TOKENS, cfg.tokens)
+    on_rr = BY_KEY[key.split("@")[0]].comm in ("ringreduce", "direct")
+    if on_rr and rr_ops < 2 * cfg.layers * forwards:
+        return (f"its all-reduces did not run on ringreduce: {rr_ops} ops on the ringreduce group in a warm-up of "
+                f"{forwards} forwards of {cfg.layers} layers")
+    if not on_rr and rr_ops:
+        return f"it ran {rr_ops} ops on the ringreduce group, which it does not use"
+    return None
 
 
 def _gather(records: dict, world: int, control) -> dict:
@@ -477,6 +561,7 @@ def worker_main(argv: list[str]) -> None:
 
     info: dict = {}
     groups: list = []  # held until the process leaves
+    rr_ops = None  # the ringreduce group's op count, in the main launch
     if args.launch == "main":
         import ringreduce  # noqa: F401  (registers the backend)
 
@@ -486,7 +571,7 @@ def worker_main(argv: list[str]) -> None:
         dist.init_process_group("ringreduce", store=dist.FileStore(args.store, world), rank=rank,
                                 world_size=world)
         control = dist.new_group(backend="gloo")
-        models, groups = _main_setups(cfg, rank, world)
+        models, groups, rr_ops = _main_setups(cfg, rank, world)
         info["direct_op"] = hasattr(ringreduce, "all_reduce_")
     else:
         import deepspeed
@@ -511,7 +596,9 @@ def worker_main(argv: list[str]) -> None:
             models["split-deepspeed"] = (None, "shm op not loaded: " + "; ".join(reasons))
         else:
             models["split-deepspeed"] = (split, lambda t: ds_comm.inference_all_reduce(t))
-    records = _run_setups(cfg, rank, world, control, models)
+        models[DS_DIRECT], rr_ops, rr_group = _direct_beside_deepspeed(split, world, control)
+        groups.append(rr_group)
+    records = _run_setups(cfg, rank, world, control, models, rr_ops)
     result = _gather(records, world, control)
     if rank == 0:
         with open(args.out, "w") as f:
@@ -616,13 +703,15 @@ def _tokens_cell(key: str, row: dict, ref: dict | None) -> str:
     if a == b:
         return "match" + note
     first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    expected = " (no communication: expected)" if key.startswith("split-none") else ""
+    expected = " (no communication: expected)" if BY_KEY[key.split("@")[0]].comm == "none" else ""
     return f"differ from token {first + 1} of {len(b)}{note}{expected}"
 
 
 def _label(key: str, cfg) -> str:
     if key == DS_FLOOR:
         return "hand-split, no communication, in DeepSpeed's launch"
+    if key == DS_DIRECT:
+        return "hand-split, ringreduce.all_reduce_, in DeepSpeed's launch"
     s = BY_KEY[key]
     label = s.label + (f" ({cfg.compile_backend})" if s.compiled else "")
     return label + (", own launch" if s.comm == "deepspeed" else "")
@@ -638,7 +727,7 @@ def _tps(rows: dict, key: str) -> float | None:
 def report(cfg, rows: dict) -> list[str]:
     # The main launch's rows, then DeepSpeed's launch: its setup and its floor.
     keys = [s.key for s in SETUPS if s.key in rows and s.comm != "deepspeed"]
-    keys += [k for k in ("split-deepspeed", DS_FLOOR) if k in rows]
+    keys += [k for k in ("split-deepspeed", DS_DIRECT, DS_FLOOR) if k in rows]
     ref = rows.get(REFERENCE)
     width = max(len(_label(k, cfg)) for k in keys) if keys else 10
     lines = [f"# {'setup':<21} {'description':<{width}} {'ms/token':>9} {'tokens/s':>9} {'prefill(ms)':>12} "
@@ -659,19 +748,32 @@ def report(cfg, rows: dict) -> list[str]:
         return f"{x / y:.2f}x" if x and y else "n/a"
 
     rr_split = "split-direct" if _tps(rows, "split-direct") else "split-rr"
+    # Against DeepSpeed: the direct op timed in DeepSpeed's own launch where it ran there.
+    against_ds = DS_DIRECT if _tps(rows, DS_DIRECT) else rr_split
     if "split-deepspeed" in rows:
         ds_floor, floor = _tps(rows, DS_FLOOR), _tps(rows, "split-none")
         if ds_floor and floor:
             lines.append(f"# DeepSpeed ran in a launch of its own: the no-communication floor there ran at "
                          f"{ds_floor:.2f} tokens/s, here at {floor:.2f} (how much the machine moved between launches)")
-        lines.append(f"# against DeepSpeed, ringreduce's hand-split row is {rr_split} "
-                     f"({'the direct op' if rr_split == 'split-direct' else 'dist.all_reduce: the direct op did not run'})")
+        if against_ds == DS_DIRECT:
+            lines.append(f"# against DeepSpeed, ringreduce's hand-split row is {DS_DIRECT}: the direct op in the same "
+                         "processes as DeepSpeed's op, in the same rounds")
+        else:
+            why = "the direct op" if rr_split == "split-direct" else "dist.all_reduce: the direct op did not run"
+            lines.append(f"# against DeepSpeed, ringreduce's hand-split row is {rr_split} ({why}; "
+                         f"{DS_DIRECT} did not run), from the other launch")
     direct, floor = _tps(rows, "split-direct"), _tps(rows, "split-none")
     at = f"{100 * direct / floor:.0f}%" if direct and floor else "n/a"
     lines.append(f"# hand-split: ringreduce direct op at {at} of the no-communication floor's tokens/s")
+    for suffix, what in (("", "eager"), ("-compiled", "compiled")):
+        rr, gloo, none = (_tps(rows, f"dtensor-{c}{suffix}") for c in ("rr", "gloo", "none"))
+        if none and (rr or gloo):
+            parts = [f"{name} at {100 * x / none:.0f}%" for name, x in (("ringreduce", rr), ("gloo", gloo)) if x]
+            bound = f"; the floor is {none / gloo:.2f}x gloo's tokens/s, the most any all-reduce could give" if gloo else ""
+            lines.append(f"# DTensor {what}: {' and '.join(parts)} of the no-communication floor's tokens/s{bound}")
     lines.append(f"# TP decode, {cfg.nproc} ranks: ringreduce = {ratio('dtensor-rr', 'dtensor-gloo')} gloo (DTensor eager), "
                  f"{ratio('dtensor-rr-compiled', 'dtensor-gloo-compiled')} gloo (DTensor compiled), "
-                 f"{ratio(rr_split, 'split-deepspeed')} DeepSpeed (hand-split)")
+                 f"{ratio(against_ds, 'split-deepspeed')} DeepSpeed (hand-split)")
     return lines
 
 
