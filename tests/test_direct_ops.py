@@ -94,11 +94,25 @@ def _rank_compiled(ctx):
     x = torch.randn(4, 8, generator=ctx.gen("x"))  # the same on every rank
     w = torch.randn(8, 8, generator=ctx.gen("w", rank=r))
     eager = layer(x, w)
-    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")(x, w)
+    fn = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    compiled = fn(x, w)
     failures = []
     for e, c in zip(eager, compiled):
         if not torch.equal(e, c):
             failures.append(f"rank {r}: compiled and eager differ")
+    # Compiled once: later calls run the same graph (a guard on how the wrapper tells a trace from an
+    # eager call recompiled every call, until the recompile limit failed the fullgraph function).
+    import torch._dynamo
+
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        try:
+            for _ in range(12):
+                again = fn(x, w)
+        except Exception as e:  # noqa: BLE001
+            failures.append(f"rank {r}: a later call of the compiled function recompiled: {str(e).splitlines()[0]}")
+        else:
+            if not all(torch.equal(e, c) for e, c in zip(eager, again)):
+                failures.append(f"rank {r}: a later compiled call differs from eager")
     return failures, {}
 
 
