@@ -61,6 +61,8 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("slots", [](const ringreduce::RingBackend& b) { return b.config().slots; })
       .def_property_readonly(
           "spin_us", [](const ringreduce::RingBackend& b) { return b.config().spin.count(); })
+      .def_property_readonly(
+          "spin_max_us", [](const ringreduce::RingBackend& b) { return b.config().spin_max.count(); })
       .def_property_readonly("async_start_us",
                              [](const ringreduce::RingBackend& b) { return b.config().async_start.count(); })
       .def("algorithm", &ringreduce::RingBackend::algorithm, py::arg("op"), py::arg("nbytes"),

@@ -98,14 +98,14 @@ AGREED = {"RINGREDUCE_SLICE_BYTES": "4K", "RINGREDUCE_SLOTS": "3", "RINGREDUCE_S
           "RINGREDUCE_CUDA_TRANSPORT": "staged", "RINGREDUCE_CUDA_WINDOW_BYTES": "128K",
           "RINGREDUCE_ALGO": "ring",
           "RINGREDUCE_WINDOW_BYTES": "0", "RINGREDUCE_FAKE_HOSTS": "0", "RINGREDUCE_STREAM": "stream",
-          "RINGREDUCE_STREAM_BYTES": "1M", "RINGREDUCE_ASYNC_START_US": "13"}
+          "RINGREDUCE_STREAM_BYTES": "1M", "RINGREDUCE_ASYNC_START_US": "13", "RINGREDUCE_SPIN_MAX_US": "17"}
 
 
 def _rank_config(ctx):
     import torch
     b = ctx.group._get_backend(torch.device("cpu"))
     return (b.slice_bytes, b.slots, b.spin_us, b.transport, b.tcp_sockets, b.check_fingerprints,
-            b.algorithm("allreduce", 64), b.stream, b.stream_bytes, b.async_start_us)
+            b.algorithm("allreduce", 64), b.stream, b.stream_bytes, b.async_start_us, b.spin_max_us)
 
 
 def test_every_agreed_knob_travels_through_the_store(ranks, standin):
@@ -116,7 +116,7 @@ def test_every_agreed_knob_travels_through_the_store(ranks, standin):
     assert set(AGREED) == {n for n, k in _knob_table().items() if k["scope"] == "agreed"}
     out = ranks(2, env=AGREED).run(_rank_config, timeout=60)
     assert list(out[0]) == list(out[1]) == [4096, 3, 7, "tcp", 3, False, "ring", "stream", 1 << 20,
-                                            13], out
+                                            13, 17], out
 
 
 def _knob_table():
@@ -260,3 +260,26 @@ def test_the_transport_list_the_knob_text_and_the_docs_agree(knobs):
     for n in names:
         assert re.search(rf"\b{n}\b", meaning), (n, meaning)
         assert re.search(rf"\b{n}: ", doc_cell), (n, doc_cell)
+
+
+def _rank_spin(ctx):
+    import torch
+    b = ctx.group._get_backend(torch.device("cpu"))
+    return b.spin_us, b.spin_max_us
+
+
+@pytest.mark.parametrize("world,env,want", [
+    (2, {}, "default"),
+    (4, {}, "default"),
+    (2, {"RINGREDUCE_SPIN_US": "7"}, (7, 7)),
+    (2, {"RINGREDUCE_SPIN_US": "7", "RINGREDUCE_SPIN_MAX_US": "300"}, (7, 300)),
+])
+def test_the_spin_adapts_only_with_a_core_per_rank_and_no_spin_set_alone(ranks, standin, world, env, want):
+    """The spin grows up to RINGREDUCE_SPIN_MAX_US (1000 us) with a core per rank; with more ranks
+    than CPUs it stays at its 1 us, and a RINGREDUCE_SPIN_US set alone stays as set."""
+    if standin:
+        pytest.skip("ringreduce's knobs")
+    if want == "default":
+        want = (50, 1000) if len(os.sched_getaffinity(0)) >= world else (1, 1)
+    out = ranks(world, env=env).run(_rank_spin, timeout=60)
+    assert all(tuple(o) == want for o in out), out

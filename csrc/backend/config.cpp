@@ -70,6 +70,10 @@ std::chrono::microseconds Config::default_spin(int local_ranks) {
   return std::chrono::microseconds(oversubscribed(local_ranks) ? 1 : 50);
 }
 
+std::chrono::microseconds Config::default_spin_max(int local_ranks) {
+  return oversubscribed(local_ranks) ? default_spin(local_ranks) : std::chrono::microseconds(1000);
+}
+
 std::chrono::microseconds Config::default_yield(int local_ranks) {
   return std::chrono::microseconds(oversubscribed(local_ranks) ? 2000 : 0);
 }
@@ -145,6 +149,12 @@ void set_spin(Config& c, const char* var, const char* v) {
   c.spin = std::chrono::microseconds(us);
 }
 
+void set_spin_max(Config& c, const char* var, const char* v) {
+  const uint64_t us = parse_uint(var, v);
+  RR_CHECK(us <= 1000000, "ringreduce: ", var, "=", v, " must be at most 1000000");
+  c.spin_max = std::chrono::microseconds(us);
+}
+
 void set_yield(Config& c, const char* var, const char* v) {
   const uint64_t us = parse_uint(var, v);
   RR_CHECK(us <= 1000000, "ringreduce: ", var, "=", v, " must be at most 1000000");
@@ -206,10 +216,15 @@ std::string key_of(const char* var) {
 Config Config::from_env(int local_ranks) {
   Config c;
   c.spin = default_spin(local_ranks);
+  c.spin_max = default_spin_max(local_ranks);
   c.yield = default_yield(local_ranks);
   c.slice_bytes = default_slice_bytes(local_ranks);
   for (const ConfigKnob& k : kConfigKnobs) {
     if (const char* v = std::getenv(k.var)) k.set(c, k.var, v);
+  }
+  // A spin set by hand stays as set, unless its limit is set too.
+  if (std::getenv("RINGREDUCE_SPIN_US") != nullptr && std::getenv("RINGREDUCE_SPIN_MAX_US") == nullptr) {
+    c.spin_max = c.spin;
   }
   return c;
 }

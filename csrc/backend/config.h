@@ -27,6 +27,9 @@ struct Config {
   size_t stream_bytes = 4u << 10;
   // How long a waiting rank spins before it sleeps on a futex: see default_spin().
   std::chrono::microseconds spin{50};
+  // How long that spin may grow where waits keep ending soon after it (AdaptiveSpin,
+  // transport/wait.h); at most `spin`: a fixed spin. See default_spin_max().
+  std::chrono::microseconds spin_max{1000};
   // Then how long it yields its CPU before it sleeps: see default_yield().
   std::chrono::microseconds yield{0};
   // How long an async host op waits for its wait() to run it before the progress thread starts
@@ -70,6 +73,10 @@ struct Config {
   // futex wake-up. With more ranks than cores, the peer a rank waits for is often waiting for that
   // very core, and every microsecond of spin delays it: a short spin. docs/knobs.md has the sweep.
   static std::chrono::microseconds default_spin(int local_ranks);
+  // With a core per rank the spin adapts up to 1 ms: a rank that sleeps pays a wake-up (50-100 us
+  // in a VM) which puts it behind its peer, whose next wait then outlasts a short spin too, and
+  // so on every op. With more ranks than cores a spin delays the peer it waits for: fixed.
+  static std::chrono::microseconds default_spin_max(int local_ranks);
   // With more ranks than cores a rank waits, most of the time, for a peer that is runnable but
   // has no core; yielding gives it one at once, where a futex sleep costs a wake-up per hand-off
   // (4 ranks on 2 cores, 1 KiB all-reduce: see docs/algorithms.md). The yield is bounded so that

@@ -51,6 +51,9 @@ struct Knob {
     "the smallest op that RINGREDUCE_STREAM applies to; smaller ones write plainly")                 \
   X(spin, "RINGREDUCE_SPIN_US", Count, "50; 1 with more ranks than CPUs",                             \
     "how long a waiting rank spins before it yields or sleeps, in microseconds (0: no spin)")        \
+  X(spin_max, "RINGREDUCE_SPIN_MAX_US", Count,                                                        \
+    "1000; the spin with more ranks than CPUs or RINGREDUCE_SPIN_US set",                             \
+    "how long the spin may grow, in microseconds, where waits keep ending soon after it")             \
   X(yield, "RINGREDUCE_YIELD_US", Count, "0; 2000 with more ranks than CPUs",                         \
     "then how long it yields its CPU before it sleeps, in microseconds")                             \
   X(async_start, "RINGREDUCE_ASYNC_START_US", Count, "1000",                                          \

@@ -74,6 +74,7 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     lo.shm.slot_bytes = config_.slice_bytes;
     lo.shm.nslots = config_.slots;
     lo.shm.spin = config_.spin;
+    lo.shm.spin_max = config_.spin_max;
     lo.shm.yield = config_.yield;
     lo.shm.window_bytes = config_.window_bytes;
     lo.tcp.slot_bytes = config_.slice_bytes;

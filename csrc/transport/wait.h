@@ -67,6 +67,42 @@ inline void bump(WaitWord& w) {
 // every 8 costs a few percent of the polls.
 constexpr unsigned kPollsPerClockRead = 8;
 
+// How long a waiting rank spins before it sleeps, adapted to how its waits end, between `least`
+// and `most` (fixed where most <= least).
+//
+// A rank that gives up its spin and sleeps pays a wake-up when its peer arrives (50-100 us in a
+// VM, where an idle vCPU is halted), and leaves its wait that much behind the peer. Where ranks
+// meet every op after a similar stretch of their own work (a compiled caller's 80 us, a decode
+// step's layers), the peer then waits as long at the next op, gives up its spin too, and so on:
+// every op costs a wake-up. A wait that ends soon after the spin gave up (within kSoonAfter spins)
+// doubles the spin, up to `most`; one that ends much later (the peer was really away: a longer
+// spin would only have burnt the core) halves it, down to `least`. A wait that ends within the
+// spin leaves it as it is: spinning stops at the peer's arrival whatever the limit.
+class AdaptiveSpin {
+ public:
+  static constexpr int kSoonAfter = 4;
+
+  AdaptiveSpin() = default;
+  AdaptiveSpin(std::chrono::nanoseconds least, std::chrono::nanoseconds most)
+      : least_(least), most_(std::max(least, most)), now_(least.count()) {}
+
+  std::chrono::nanoseconds now() const { return std::chrono::nanoseconds(now_.load(std::memory_order_relaxed)); }
+
+  // A wait ended after `waited` in all; `slept`: it outlasted the spin (and yielded or slept).
+  void record(std::chrono::nanoseconds waited, bool slept) {
+    if (!slept || most_ == least_) return;
+    const auto cur = now();
+    const auto next = waited <= kSoonAfter * cur ? std::min(most_, 2 * cur) : std::max(least_, cur / 2);
+    now_.store(next.count(), std::memory_order_relaxed);
+  }
+
+ private:
+  std::chrono::nanoseconds least_{0}, most_{0};
+  // Atomic only so that two threads waiting on one transport at once (none do today) would race
+  // on a hint, not on undefined behaviour.
+  std::atomic<int64_t> now_{0};
+};
+
 // Polls ready() with a pause between tries for at most `at_most` (none: one try); whether it came
 // true.
 template <class Ready>

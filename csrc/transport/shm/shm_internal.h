@@ -97,14 +97,21 @@ void ShmTransport::wait_until(WaitWord& word, Ready ready, int peer, const char*
     }
     return false;
   };
-  if (spin_until(ready_or_yield, cfg_.spin)) return;
+  const auto started = Clock::now();
+  if (spin_until(ready_or_yield, spin_.now())) return;
 
   // From here on we yield or sleep: say on whom, so a peer that times out can follow the chain.
+  // On the way out, tell the spin how long the whole wait took.
   own->blocked_on.store(peer, std::memory_order_relaxed);
   struct Unblock {
     Segment* s;
-    ~Unblock() { s->blocked_on.store(-1, std::memory_order_relaxed); }
-  } unblock{own};
+    AdaptiveSpin& spin;
+    Clock::time_point started;
+    ~Unblock() {
+      s->blocked_on.store(-1, std::memory_order_relaxed);
+      spin.record(Clock::now() - started, true);
+    }
+  } unblock{own, spin_, started};
   if (cfg_.yield.count() > 0) {
     const auto yield_until = Clock::now() + cfg_.yield;
     do {

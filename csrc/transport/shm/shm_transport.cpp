@@ -94,7 +94,7 @@ static_assert(sizeof(MsgHeader) <= kSlotHeaderBytes, "slot header area too small
 
 ShmTransport::ShmTransport(Bootstrap& bs, const std::string& prefix, int rank, int size,
                            const ShmConfig& cfg, Reach reach, const std::vector<uint8_t>& want)
-    : rank_(rank), size_(size), cfg_(cfg) {
+    : rank_(rank), size_(size), cfg_(cfg), spin_(cfg.spin, cfg.spin_max) {
   RR_CHECK(want.empty() || want.size() == static_cast<size_t>(size), "ringreduce shm: ", want.size(),
            " peer flags for a group of ", size);
   RR_CHECK(size >= 1 && rank >= 0 && rank < size, "ringreduce shm: invalid rank ", rank,

@@ -29,6 +29,8 @@ struct ShmConfig {
   size_t slot_bytes = 256 << 10;          // payload bytes of one slot (= largest slice)
   uint32_t nslots = 4;                    // slots per FIFO (>= 2): how far a sender may run ahead
   std::chrono::microseconds spin{20};     // spin this long before sleeping on a futex
+  // The most that spin may grow to (AdaptiveSpin); at most `spin`: it stays fixed.
+  std::chrono::microseconds spin_max{0};
   // Then yield the CPU this long before sleeping. With more ranks than cores the rank waited for
   // is often runnable but has no core: a yield hands it one at once, where a futex sleep would
   // cost a wake-up (tens of microseconds in a VM) on every hand-off. 0: go straight to sleep.
@@ -193,6 +195,8 @@ class ShmTransport final : public Transport, public GroupControl, private PeerWi
   uint32_t window_stamp_ = 0;  // phases this rank has published (the same count on every rank)
   MsgHeader window_fp_;        // the current window op's fingerprint
   uint64_t yields_to_peer_ = 0;
+  // How long wait_until() spins now, between cfg_.spin and cfg_.spin_max.
+  AdaptiveSpin spin_;
 };
 
 }  // namespace ringreduce
