@@ -12,7 +12,8 @@ rank its own), so that ranks arrive apart as real callers do. --rounds rounds, e
 calls on every group in turn (the order reversed every other round); a cell is the median round's
 time per call less the mean work: what the all-reduce costs beyond the caller's own work, the
 slowest rank's. Uniform jitter of +-25% alone makes the later of two ranks arrive about 8% of the
-work after the mean, which no all-reduce can save.
+work after the mean, which no all-reduce can save. With more ranks than CPUs the spin starts at
+1 us and a group's RINGREDUCE_SPIN_MAX_US is its limit all the same.
 """
 
 from __future__ import annotations

@@ -492,6 +492,7 @@ def _direct_beside_deepspeed(split, world: int, control):
             sys.path.insert(0, REPO)
         import ringreduce
 
+        ringreduce.load_extension()  # here, not in new_group below, where a failure would end the launch
         if not hasattr(ringreduce, "all_reduce_"):
             problem = "this ringreduce has no direct op"
     except Exception as e:  # noqa: BLE001  (a row that says why, not a crashed run)

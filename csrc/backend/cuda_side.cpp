@@ -56,6 +56,7 @@ struct CudaSide::Impl {
         ic.slot_bytes = cfg.cuda_slice_bytes;
         ic.nslots = cfg.slots;
         ic.spin = cfg.spin;
+        ic.spin_max = cfg.spin_max;
         ic.device = device->index();
         ic.stream = comm->stream();
         auto t = std::make_unique<CudaIpcTransport>(bs, prefix + "cuda/", rank, size, ic);

@@ -13,6 +13,7 @@
 #include <c10/util/Exception.h>
 
 #include "common/error.h"
+#include "transport/wait.h"
 
 namespace ringreduce {
 
@@ -147,6 +148,8 @@ void loop(const std::shared_ptr<QueueState>& st) {
   // Collectives write into tensors that may require grad (DDP's buckets, parameters): autograd
   // must not see these writes, as with every other backend.
   at::NoGradGuard no_grad;
+  // Its ops overlap with the caller's work: its waits keep the fixed spin (transport/wait.h).
+  t_background_waiter = true;
   for (;;) {
     QueueState::Task task;
     {

@@ -75,9 +75,10 @@ constexpr unsigned kPollsPerClockRead = 8;
 // meet every op after a similar stretch of their own work (a compiled caller's 80 us, a decode
 // step's layers), the peer then waits as long at the next op, gives up its spin too, and so on:
 // every op costs a wake-up. A wait that ends soon after the spin gave up (within kSoonAfter spins)
-// doubles the spin, up to `most`; one that ends much later (the peer was really away: a longer
-// spin would only have burnt the core) halves it, down to `least`. A wait that ends within the
-// spin leaves it as it is: spinning stops at the peer's arrival whatever the limit.
+// and within `most` doubles the spin, up to `most`; any other (the peer was really away: a longer
+// spin, or one as long as allowed, would only have burnt the core) halves it, down to `least`. A
+// wait that ends within the spin leaves it as it is: spinning stops at the peer's arrival whatever
+// the limit. A spin of 0 grows as if it were 1 us.
 class AdaptiveSpin {
  public:
   static constexpr int kSoonAfter = 4;
@@ -92,7 +93,9 @@ class AdaptiveSpin {
   void record(std::chrono::nanoseconds waited, bool slept) {
     if (!slept || most_ == least_) return;
     const auto cur = now();
-    const auto next = waited <= kSoonAfter * cur ? std::min(most_, 2 * cur) : std::max(least_, cur / 2);
+    const auto base = std::max<std::chrono::nanoseconds>(cur, std::chrono::microseconds(1));
+    const auto next = waited <= kSoonAfter * base && waited <= most_ ? std::min(most_, 2 * base)
+                                                                      : std::max(least_, cur / 2);
     now_.store(next.count(), std::memory_order_relaxed);
   }
 
@@ -102,6 +105,11 @@ class AdaptiveSpin {
   // on a hint, not on undefined behaviour.
   std::atomic<int64_t> now_{0};
 };
+
+// Whether this thread waits in the background: a group's progress thread, whose ops overlap with
+// its caller's own work (DDP's buckets during backward), maybe on the same core. Its waits keep the
+// fixed spin: a spin grown to a millisecond there would take the core from the caller's compute.
+inline thread_local bool t_background_waiter = false;
 
 // Polls ready() with a pause between tries for at most `at_most` (none: one try); whether it came
 // true.

@@ -26,6 +26,7 @@ CudaIpcTransport::CudaIpcTransport(Bootstrap& bs, const std::string& prefix, int
   sc.slot_bytes = 64;  // headers only
   sc.nslots = cfg.nslots;
   sc.spin = cfg.spin;
+  sc.spin_max = cfg.spin_max;
   sc.external_payload_bytes = cfg.slot_bytes;
   ctl_ = std::make_unique<ShmTransport>(bs, prefix + "ctl/", rank, size, sc, ShmTransport::Reach::Probe);
 

@@ -36,6 +36,7 @@ struct CudaIpcConfig {
   size_t slot_bytes = 8 << 20;  // device bytes of one slot (= largest slice)
   uint32_t nslots = 4;
   std::chrono::microseconds spin{20};
+  std::chrono::microseconds spin_max{0};  // ShmConfig::spin_max of the control plane
   int device = 0;               // the rank's GPU
   CUstream_st* stream = nullptr;  // the stream the ring's kernels run on (owned by the caller)
 };

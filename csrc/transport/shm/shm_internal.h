@@ -97,21 +97,23 @@ void ShmTransport::wait_until(WaitWord& word, Ready ready, int peer, const char*
     }
     return false;
   };
+  const bool adapt = !t_background_waiter;
   const auto started = Clock::now();
-  if (spin_until(ready_or_yield, spin_.now())) return;
+  if (spin_until(ready_or_yield, adapt ? spin_.now() : std::chrono::nanoseconds(cfg_.spin))) return;
 
   // From here on we yield or sleep: say on whom, so a peer that times out can follow the chain.
-  // On the way out, tell the spin how long the whole wait took.
+  // On the way out, tell the spin how long the whole wait took (the caller's waits only).
   own->blocked_on.store(peer, std::memory_order_relaxed);
   struct Unblock {
     Segment* s;
     AdaptiveSpin& spin;
     Clock::time_point started;
+    bool adapt;
     ~Unblock() {
       s->blocked_on.store(-1, std::memory_order_relaxed);
-      spin.record(Clock::now() - started, true);
+      if (adapt) spin.record(Clock::now() - started, true);
     }
-  } unblock{own, spin_, started};
+  } unblock{own, spin_, started, adapt};
   if (cfg_.yield.count() > 0) {
     const auto yield_until = Clock::now() + cfg_.yield;
     do {
