@@ -55,26 +55,27 @@ $(BUILD_STAMP): $(DEPS_STAMP) $(SOURCES)
 test: test-cpp test-py
 
 # The torch-free core on its own, then again under AddressSanitizer + UndefinedBehaviorSanitizer
-# (a Debug build: CMakeLists.txt picks it for sanitizers). ninja comes from .venv.
+# (a Debug build: CMakeLists.txt picks it for sanitizers). ninja comes from .venv. ctest runs the
+# executables MAX_JOBS at a time: each is a process of its own, the kernel tests the longest.
 test-cpp: $(DEPS_STAMP)
 	PATH="$(abspath $(VENV))/bin:$$PATH" cmake -S . -B build/core -G Ninja -DCMAKE_BUILD_TYPE=Release
 	PATH="$(abspath $(VENV))/bin:$$PATH" cmake --build build/core -j $(MAX_JOBS)
-	ctest --test-dir build/core --output-on-failure
+	ctest --test-dir build/core --output-on-failure -j $(MAX_JOBS)
 	# The sanitizer builds leave the CUDA sources out: the plain build above compiles every .cu file
 	# (CI has no GPU to run them on), and nvcc's passes were a few minutes of each build.
 	PATH="$(abspath $(VENV))/bin:$$PATH" cmake -S . -B build/asan -G Ninja -DRINGREDUCE_SANITIZE=address,undefined -DRINGREDUCE_CUDA=OFF
 	PATH="$(abspath $(VENV))/bin:$$PATH" cmake --build build/asan -j $(MAX_JOBS)
-	ctest --test-dir build/asan --output-on-failure
+	ctest --test-dir build/asan --output-on-failure -j $(MAX_JOBS)
 	# The reduction kernels' tests (test_reduce*) start no threads, so TSan has nothing to find in
 	# them: the TSan build leaves them out (their build and run were its longest minutes), the
 	# plain and ASan/UBSan builds run them.
 	PATH="$(abspath $(VENV))/bin:$$PATH" cmake -S . -B build/tsan -G Ninja -DRINGREDUCE_SANITIZE=thread -DRINGREDUCE_CUDA=OFF \
 		-DRINGREDUCE_KERNEL_TESTS=OFF
 	PATH="$(abspath $(VENV))/bin:$$PATH" cmake --build build/tsan -j $(MAX_JOBS)
-	ctest --test-dir build/tsan --output-on-failure
+	ctest --test-dir build/tsan --output-on-failure -j $(MAX_JOBS)
 
 # Then the collective, point-to-point and soak suites again over TCP alone (loopback): the ring
-# code is the same, the transport under it is not. The soak issues 500 ops there, not 2000.
+# code is the same, the transport under it is not. The soak issues 500 ops there, not 1000.
 test-py: $(BUILD_STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests
 	RINGREDUCE_TRANSPORT=tcp RINGREDUCE_SOAK_OPS=500 $(PY) -m pytest -q $(PYTEST_ARGS) tests/test_collectives.py \

@@ -635,15 +635,15 @@ def test_every_op_names_the_stopped_rank_in_every_survivors_error(tmp_path, back
     if backend != "ringreduce":
         pytest.skip("faults of ringreduce's transports")
     ops = EVERY_OP[transport]
-    timeouts = {op: {"0": 3, "2": 3} if op == "send_recv" else {"0": 3, "2": 10} for op in ops}
+    timeouts = {op: {"0": 2, "2": 2} if op == "send_recv" else {"0": 2, "2": 9} for op in ops}
     # send_recv_chain (TCP only): rank 0 waits for rank 2, which waits for rank 1; rank 0's request
     # times out first and follows the chain (which takes up to 2 s) while rank 2 still waits. A
     # failed send/recv aborts nothing, so rank 1 is resumed only once rank 2's own request has
     # timed out, and may then post one more request that nobody matches: its short timeout keeps
     # the others from waiting long for it at the next phase.
     if "send_recv_chain" in timeouts:
-        timeouts["send_recv_chain"] = {"0": 3, "1": 1, "2": 5}
-    phases, _, why = _phases(tmp_path, ops, transport, "outside", 3, timeouts)
+        timeouts["send_recv_chain"] = {"0": 2, "1": 1, "2": 4}
+    phases, _, why = _phases(tmp_path, ops, transport, "outside", 2, timeouts)
     wrong = []
     for k, op in enumerate(ops):
         for rank in (0, 2):
@@ -687,7 +687,7 @@ def test_a_stopped_rank_resumed_in_any_collective_finds_the_group_aborted_at_onc
     its own timeout (send/recv: test_a_stopped_rank_resumed_in_send_recv_...)."""
     if backend != "ringreduce":
         pytest.skip("faults of ringreduce's transports")
-    ops, timeout_s = RESUMED_OPS, 3
+    ops, timeout_s = RESUMED_OPS, 2
     phases, resumed, why = _phases(tmp_path, ops, transport, "self", timeout_s, {})
     wrong = []
     for k, op in enumerate(ops):
