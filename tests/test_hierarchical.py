@@ -196,6 +196,7 @@ def test_ranks_that_chose_differently_fail_as_a_desync(tmp_path, backend):
     world = 4
     results, start, why = _run(tmp_path, world, "desync", {})
     for rank in range(world):
+        assert rank in results, why
         err = results[rank]["error"]
         assert "allreduce #1" in err and ("called different collectives" in err or "aborted" in err), why
         assert results[rank]["t_error"] - start < 45, why

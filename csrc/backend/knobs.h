@@ -100,7 +100,7 @@ struct Knob {
     "reproduces a test run (printed in its header)")                                                 \
   Y("RINGREDUCE_TEST_OP_TIMEOUT", Count, Test, "60", "the test ranks' process-group timeout, seconds") \
   Y("RINGREDUCE_TEST_MAX_RANKS", Count, Test, "10", "live test rank processes before idle ones close") \
-  Y("RINGREDUCE_SOAK_OPS", Count, Test, "2000", "ops in tests/test_soak.py")
+  Y("RINGREDUCE_SOAK_OPS", Count, Test, "1000", "ops in tests/test_soak.py")
 
 #define RINGREDUCE_KNOB_FROM_CONFIG(field, name, kind, def, meaning) \
   Knob{name, def, KnobKind::kind, KnobScope::Agreed, meaning},
