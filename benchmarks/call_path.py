@@ -47,22 +47,13 @@ import time
 if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # peers_cpu.py, beside this file
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import peers_cpu  # noqa: E402
+from ringreduce.sizes import size_arg  # noqa: E402
 
 PATHS = ("sync", "async", "functional", "compiled", "compiled-mul", "direct", "direct-compiled")
 COMPILED = ("compiled", "compiled-mul", "direct-compiled")
 # The paths also timed on torch's fake process group, whose collectives return at once: what torch
 # itself costs along each, with a backend that does nothing.
 ON_FAKE = ("sync", "async", "functional", "compiled")
-
-
-def _size_arg(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20}
-    text = text.strip().upper().removesuffix("B").removesuffix("I")
-    mult = units.get(text[-1:], 1)
-    value = int(text[:-1] if text[-1:] in units else text) * mult
-    if value < 4 or value % 4:
-        raise argparse.ArgumentTypeError(f"{text}: a size in bytes, a whole number of floats")
-    return value
 
 
 def _paths(t, group, backend: str | None, keys=PATHS):
@@ -206,7 +197,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="benchmarks/call_path.py", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-g", "--nproc", type=int, nargs="+", default=[1, 2, 4], help="world sizes (default 1 2 4)")
-    p.add_argument("--bytes", type=_size_arg, default=1024, help="the tensor's size (default 1K)")
+    p.add_argument("--bytes", type=size_arg, default=1024, help="the tensor's size (default 1K)")
     p.add_argument("--calls", type=int, default=3000, help="timed calls per path and round (default 3000)")
     p.add_argument("--rounds", type=int, default=5, help="rounds, the paths' order rotated each (default 5)")
     p.add_argument("--warmup", type=int, default=200, help="untimed calls per path first (default 200)")
@@ -218,6 +209,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if min(args.nproc) < 1 or args.calls < 1 or args.rounds < 1 or args.warmup < 1:
         p.error("world sizes, --calls, --rounds and --warmup must be at least 1")
+    if args.bytes < 4 or args.bytes % 4:
+        p.error(f"--bytes {args.bytes}: a whole number of floats")
     args.command = shlex.join(["python", os.path.relpath(os.path.abspath(__file__)), *argv])
     return args
 

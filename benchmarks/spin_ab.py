@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 
+from ringreduce.sizes import size_arg
 
 def _rank(rank: int, world: int, store, cfg: dict, out: str) -> None:
     import torch
@@ -79,7 +80,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="RINGREDUCE_SPIN_MAX_US of each group, in us (default 1000 50)")
     p.add_argument("--work", type=int, nargs="+", default=[80, 300, 1000],
                    help="mean work between two calls, in us (default 80 300 1000)")
-    p.add_argument("--bytes", type=int, default=4096, help="the all-reduce's size (default 4096)")
+    p.add_argument("--bytes", type=size_arg, default=4096, help="the all-reduce's size (default 4K)")
     p.add_argument("--calls", type=int, default=2000, help="timed calls per group and round (default 2000)")
     p.add_argument("--rounds", type=int, default=8, help="rounds (default 8)")
     p.add_argument("--warmup", type=int, default=50, help="untimed calls before each timed run (default 50)")

@@ -98,8 +98,11 @@ void ShmTransport::wait_until(WaitWord& word, Ready ready, int peer, const char*
     return false;
   };
   const bool adapt = !t_background_waiter;
-  const auto started = Clock::now();
-  if (spin_until(ready_or_yield, adapt ? spin_.now() : std::chrono::nanoseconds(cfg_.spin))) return;
+  const std::chrono::nanoseconds spun = adapt ? spin_.now() : std::chrono::nanoseconds(cfg_.spin);
+  if (spin_until(ready_or_yield, spun)) return;
+  // The spin ran its whole length: the wait began that long ago (no clock read for the waits the
+  // spin catches, the common ones).
+  const auto started = Clock::now() - spun;
 
   // From here on we yield or sleep: say on whom, so a peer that times out can follow the chain.
   // On the way out, tell the spin how long the whole wait took (the caller's waits only).
