@@ -15,6 +15,11 @@ The paths (each in place on one tensor of --bytes, sum over the default group, r
                 compiled call costs without any collective
   direct        ringreduce.all_reduce_(t)
   direct-compiled  torch.compile(fullgraph=True) of a function that calls ringreduce.all_reduce_(t)
+  sync-c++      the group's CPU backend's allreduce([t]) then wait(), looped in C++
+                (ringreduce._C._time_backend_all_reduce_): the backend's own cost below torch's
+                layers; beside the fake group's, what ringreduce's own code adds per op (at world 1,
+                where nothing moves, all of it)
+  async-c++     the same with asyncOp set, as the functional collectives and async_op=True pass it
 
 The sync, async, functional and compiled paths are timed again on torch's fake process group
 (`backend="fake"`), whose collectives return at once and move nothing: the "fake pg" column is what
@@ -49,11 +54,30 @@ if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # peers_cpu.py, 
 import peers_cpu  # noqa: E402
 from ringreduce.sizes import size_arg  # noqa: E402
 
-PATHS = ("sync", "async", "functional", "compiled", "compiled-mul", "direct", "direct-compiled")
+PATHS = ("sync", "async", "functional", "compiled", "compiled-mul", "direct", "direct-compiled",
+         "sync-c++", "async-c++")
 COMPILED = ("compiled", "compiled-mul", "direct-compiled")
 # The paths also timed on torch's fake process group, whose collectives return at once: what torch
 # itself costs along each, with a backend that does nothing.
-ON_FAKE = ("sync", "async", "functional", "compiled")
+ON_FAKE = ("sync", "async", "functional", "compiled", "sync-c++", "async-c++")
+
+
+class Looped:
+    """A path whose calls loop in C++: called once with the number of calls to make."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, n: int) -> None:
+        self.fn(n)
+
+
+def _run(call, n: int) -> None:
+    if isinstance(call, Looped):
+        call(n)
+    else:
+        for _ in range(n):
+            call()
 
 
 def _paths(t, group, backend: str | None, keys=PATHS):
@@ -75,6 +99,8 @@ def _paths(t, group, backend: str | None, keys=PATHS):
         "async": lambda: dist.all_reduce(t, group=group, async_op=True).wait(),
         "functional": functional,
         "direct": lambda: ringreduce.all_reduce_(t, group=group),
+        "sync-c++": Looped(lambda n: ringreduce._C._time_backend_all_reduce_(t, n, name, False)),
+        "async-c++": Looped(lambda n: ringreduce._C._time_backend_all_reduce_(t, n, name, True)),
     }
     if backend is not None:
         def with_all_reduce(x):
@@ -123,8 +149,7 @@ def _rank(rank: int, world: int, store, cfg: dict, out: str) -> None:
     for key, call in calls.items():
         dist.barrier(group=control)
         start = time.perf_counter()
-        for _ in range(cfg["warmup"]):
-            call()
+        _run(call, cfg["warmup"])
         warm[key] = slowest(time.perf_counter() - start)
     keys = list(calls)
     times: dict = {k: [] for k in keys}
@@ -133,8 +158,7 @@ def _rank(rank: int, world: int, store, cfg: dict, out: str) -> None:
             call = calls[key]
             dist.barrier(group=control)
             start = time.perf_counter()
-            for _ in range(cfg["calls"]):
-                call()
+            _run(call, cfg["calls"])
             times[key].append(slowest((time.perf_counter() - start) / cfg["calls"]))
     # The result, checked once: every rank adds rank + 1.
     t.fill_(rank + 1)
@@ -190,6 +214,9 @@ def report(world: int, result: dict) -> list[str]:
         lines.append(f"   {'compiled - mul':<16} {added:9.2f}  {'':<16} {added / med['sync']:7.2f}  {fake_cells}")
         closing += f", compiled - mul = {added / med['sync']:.2f}x sync"
     closing += f"; sync {med['sync']:.2f} us, direct op {med['direct']:.2f} us"
+    if "sync-c++" in med and "fake:sync-c++" in med:
+        closing += (f"; in C++, ringreduce's backend adds {med['sync-c++'] - med['fake:sync-c++']:.2f} us sync, "
+                    f"{med['async-c++'] - med['fake:async-c++']:.2f} async to the fake group's")
     return lines + [closing]
 
 

@@ -3,7 +3,8 @@ by: it runs at toy counts at world 2 with every path (the compiled ones under ao
 compiles in seconds), prints a row per path and the closing line, and writes every round to
 --json, the paths on torch's fake process group beside; without compiled paths (--compile-backend
 none) the report leaves them out. The figures
-themselves are not tested (the machines are shared).
+themselves are not tested (the machines are shared). The C++ loops of the backends'
+allreduce (sync-c++, async-c++) run on ringreduce's group and on the fake one.
 """
 
 import importlib.util
@@ -26,7 +27,9 @@ _spec.loader.exec_module(cp)
 
 TOY = ["--calls", "30", "--rounds", "2", "--warmup", "12", "--timeout", "120"]
 CLOSING = re.compile(r"^# call path, world (\d+): async = ([\d.]+)x sync, functional = ([\d.]+)x sync"
-                     r"(, compiled - mul = (-?[\d.]+)x sync)?; sync ([\d.]+) us, direct op ([\d.]+) us$", re.M)
+                     r"(, compiled - mul = (-?[\d.]+)x sync)?; sync ([\d.]+) us, direct op ([\d.]+) us"
+                     r"(; in C\+\+, ringreduce's backend adds (-?[\d.]+) us sync, (-?[\d.]+) async to the fake "
+                     r"group's)?$", re.M)
 
 needs_ringreduce = harness.needs_ringreduce()
 
@@ -47,7 +50,8 @@ def test_every_path_at_world_2(tmp_path):
     assert list(times) == list(cp.PATHS) + [f"fake:{p}" for p in cp.ON_FAKE], times
     assert all(len(v) == 2 and all(x > 0 for x in v) for v in times.values()), times
     closings = CLOSING.findall(stdout)
-    assert [c[0] for c in closings] == ["2"] and closings[0][3], stdout  # with the compiled difference
+    # With the compiled difference, and what ringreduce's backend adds in C++.
+    assert [c[0] for c in closings] == ["2"] and closings[0][3] and closings[0][7], stdout
     rows = [line.split()[0] for line in stdout.splitlines() if line.startswith("   ")]
     assert rows == list(cp.PATHS) + ["compiled"], rows  # "compiled - mul" splits on its spaces
     assert re.search(r"^# world 2 \(CPU probe [\d.]+ ns before, [\d.]+ after\)$", stdout, re.M), stdout

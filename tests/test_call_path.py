@@ -5,6 +5,9 @@ before the progress thread has taken it; in a group of one, at its call.
 - The same inputs give the same bits synchronously, async run by its wait(), and async left to the
   progress thread (a wait with a timeout leaves it there), for every kind of dtype and several ops
   and sizes.
+- A synchronous all-reduce of one contiguous tensor on an idle group (and, in a group of one, an
+  async one) runs at its call, and its Work comes back completed with the same result, future
+  and numbering as a queued op's, or with its error for wait().
 - In a group of one a small async op returns completed; in larger groups it never runs at its
   call (tests/test_semantics.py's test_two_groups_interleaved is why: ranks may interleave groups
   differently).
@@ -91,6 +94,93 @@ def test_where_async_ops_run(ranks, backend, world):
     if backend != "ringreduce":
         pytest.skip("ringreduce's call path")
     harness.check_results(ranks(world).run(_rank_where, timeout=120))
+
+
+def _rank_run_at_call(ctx):
+    import torch
+    import torch.distributed as dist
+
+    n, r = ctx.world_size, ctx.rank
+    failures = []
+    g = dist.new_group(backend="ringreduce")
+    be = g._get_backend(torch.device("cpu"))
+
+    def opts(async_op, timeout=None):
+        o = dist.AllreduceOptions()
+        o.asyncOp = async_op
+        if timeout is not None:
+            o.timeout = timeout
+        return o
+
+    # A synchronous all-reduce of one contiguous tensor on an idle group runs at its call (and an
+    # async one too in a group of one): its Work comes back completed, over the caller's tensor,
+    # with its future's value, numbered after the ops before it.
+    run_at_call = [False] + ([True] if n == 1 else [])
+    for k, async_op in enumerate(run_at_call):
+        t = torch.full((1000,), float(r + 1))
+        w = be.allreduce([t], opts(async_op))
+        what = f"rank {r}: {'async' if async_op else 'sync'} op run at its call"
+        if not w.is_completed():
+            failures.append(f"{what}: its Work is not completed at return")
+        res = w.result()
+        if len(res) != 1 or res[0].data_ptr() != t.data_ptr():
+            failures.append(f"{what}: result() is not the caller's tensor")
+        val = w.get_future().wait()
+        want = torch.full((1000,), float(n * (n + 1) // 2))
+        if not (w.wait() and torch.equal(t, want) and torch.equal(val[0], want)):
+            failures.append(f"{what}: wrong sum, or a future value that differs")
+    # Behind a queued async op the synchronous one does not run at its call: it runs after it.
+    if n > 1:
+        a = torch.full((1000,), float(r))
+        aw = dist.all_reduce(a, group=g, async_op=True)
+        b = torch.full((1000,), float(r))
+        be.allreduce([b], opts(False)).wait()
+        aw.wait()
+        want = torch.full((1000,), float(sum(range(n))))
+        if not (torch.equal(a, want) and torch.equal(b, want)):
+            failures.append(f"rank {r}: a sync op behind a queued async one: wrong sums")
+    # The flight recorder numbers and records them as it does queued ops.
+    import json
+    import tempfile
+
+    import ringreduce
+
+    with tempfile.TemporaryDirectory() as directory:
+        with open(ringreduce.dump_flight_recorder(g, directory)) as f:
+            ops = json.load(f)["ops"]
+    got = [(o["seq"], o["op"], o["shapes"], o["state"]) for o in ops]
+    expect = [(k, "allreduce", "[1000]", "completed") for k in range(len(run_at_call) + 2 * (n > 1))]
+    if got != expect:
+        failures.append(f"rank {r}: flight record {got}, expected {expect}")
+    # An op run at its call that fails hands its error to wait(), as a queued one does, and leaves
+    # the caller's tensor as it was: rank 0 alone calls it, and its deadline passes.
+    dist.barrier(group=ctx.gloo)
+    if r == 0 and n > 1:
+        t = torch.full((1000,), 5.0)
+        try:
+            w = be.allreduce([t], opts(False, datetime.timedelta(seconds=1)))
+        except Exception as e:  # noqa: BLE001
+            failures.append(f"the failing op raised at its call, not at wait(): {e}")
+        else:
+            try:
+                w.wait()
+                failures.append("a sync op that no peer joined completed")
+            except dist.DistBackendError as e:
+                if "allreduce" not in str(e) or "rank 0" not in str(e):
+                    failures.append(f"the error does not name the op and the rank: {e}")
+            if not torch.equal(t, torch.full((1000,), 5.0)):
+                failures.append("the failed op changed the caller's tensor")
+    dist.barrier(group=ctx.gloo)
+    if n > 1:
+        dist.destroy_process_group(g)  # aborted on rank 0: torn down, not used again
+    return failures, {}
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_ops_run_at_their_call(ranks, backend, world):
+    if backend != "ringreduce":
+        pytest.skip("ringreduce's call path")
+    harness.check_results(ranks(world).run(_rank_run_at_call, timeout=120))
 
 
 # The start delay of the pool below: long, so that an op the timer starts and one started at once

@@ -54,6 +54,8 @@ def _rank_dump_on_request(ctx, directory):
     g = dist.new_group(backend="ringreduce")
     be = g._get_backend(torch.device("cpu"))
     gen = ctx.gen("flight")
+    import time
+    began_us = time.time_ns() // 1000
     # A mix of ops, sync and async, with shapes and dtypes of their own.
     a = torch.randn(10, 20, generator=gen)
     dist.all_reduce(a, group=g)
@@ -73,8 +75,14 @@ def _rank_dump_on_request(ctx, directory):
     want = os.path.join(directory, f"ringreduce_flight_{be.flight_group}_rank{ctx.rank}.json")
     if path != want:
         failures.append(f"dumped to {path}, expected {want}")
+    dumped_us = time.time_ns() // 1000
     d = json.loads(open(path).read())
     ops = d["ops"]
+    # Recorded on the steady clock, dumped as wall clock time: within this test's own wall clock
+    # readings (1 ms of slack for the two clocks' readings around the dump).
+    for o in ops:
+        if not (began_us - 1000 <= o["issued_us"] and o["ended_us"] <= dumped_us + 1000):
+            failures.append(f"op {o}: its times are not within the test's {began_us}..{dumped_us}")
     expect = [("allreduce", "[10, 20]", "Float"), ("broadcast", "[7]", "Long"),
               ("allgather", "[5] [5] [5]", "Double")] + [("allreduce", "[3]", "BFloat16")] * 4 + \
              [("allreduce", "[2, 3]", "Half"), ("allreduce", "[4]", "Float"), ("barrier", "", "")]

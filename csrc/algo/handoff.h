@@ -35,6 +35,9 @@ class SlotWrites {
   // will report its time to done() (the all-reduce, which the choice is made for); the other ops
   // follow the all-reduce's current choice for their size.
   bool stream(size_t bytes, bool timed);
+  // Whether done() learns from an op of `bytes`: callers read the clock for it only then (below
+  // the smallest size that may stream, every op writes plainly and its time is not wanted).
+  bool learns(size_t bytes) const { return mode_ == Mode::Auto && bytes != 0 && bytes >= min_bytes_; }
   // The time of a timed op that stream() answered `streamed` for.
   void done(size_t bytes, bool streamed, double seconds);
 

@@ -69,133 +69,6 @@ std::vector<void*> pointers(const std::vector<at::Tensor>& ts) {
 
 }  // namespace
 
-void RingBackend::run_op(const char* name, uint64_t seq, std::chrono::milliseconds t,
-                         const std::string& traced,
-                         c10::function_ref<void(const OpContext&, const Deadline&)> run) {
-  OpContext ctx;
-  ctx.name = name;
-  ctx.seq = seq;
-  ctx.timeout = t;
-  flight_->started(seq);
-  const Clock::time_point began = traced.empty() ? Clock::time_point() : Clock::now();
-  try {
-    // An aborted group runs no more ops. A rank stopped with this op issued and resumed after
-    // its peers gave up on it would otherwise complete it, where the data it needs had come
-    // before the abort, although every peer failed it; only its next op would fail.
-    const std::string aborted = links_->transport().control().abort_reason();
-    if (!aborted.empty()) throw_aborted(ctx, rank_, aborted);
-    // The deadline starts when the op starts: time spent queued behind earlier ops is theirs.
-    run(ctx, Deadline::after(t));
-  } catch (const std::exception& e) {
-    flight_->finished(seq, e.what());
-    if (log::enabled(log::Level::Warn)) {
-      log::write(log::Level::Warn, rank_, detail::cat(name, " #", seq, " failed: ", e.what()));
-    }
-    dump_on_failure(detail::cat(name, " #", seq, " failed: ", e.what()));
-    throw;
-  } catch (...) {
-    flight_->finished(seq, "unknown error");
-    if (log::enabled(log::Level::Warn)) {
-      log::write(log::Level::Warn, rank_, detail::cat(name, " #", seq, " failed"));
-    }
-    dump_on_failure(detail::cat(name, " #", seq, " failed"));
-    throw;
-  }
-  flight_->finished(seq, "");
-  if (!traced.empty()) {
-    const double us = std::chrono::duration<double, std::micro>(Clock::now() - began).count();
-    log::write(log::Level::Trace, rank_, detail::cat(traced, ": done in ", us, " us"));
-  }
-}
-
-c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const char* name,
-                                                    std::optional<c10::Device> device,
-                                                    std::vector<at::Tensor> outputs,
-                                                    const std::vector<at::Tensor>& inputs,
-                                                    std::chrono::milliseconds timeout,
-                                                    bool async_op, Body body) {
-  // The entry point checked the tensors and found `device` (checked_device): nothing here fails
-  // for the caller's input. A build without CUDA never gets a CUDA device.
-  std::function<void(const OpContext&, const Deadline&)> run;
-  const bool on_cuda = kWithCuda && device && device->is_cuda();
-#ifdef RINGREDUCE_WITH_CUDA
-  if (on_cuda) {
-    std::vector<at::Tensor> used = outputs;
-    used.insert(used.end(), inputs.begin(), inputs.end());
-    run = cuda_->prepare(name, *device, used, std::move(body));
-  }
-#endif
-  if (!on_cuda) {
-    run = [this, body = std::move(body)](const OpContext& ctx, const Deadline& dl) { body(*algo_, ctx, dl); };
-  }
-  std::unique_lock<std::mutex> lock(mu_);
-  const uint64_t seq = next_seq_++;
-  const std::chrono::milliseconds t = timeout == c10d::kUnsetTimeout ? timeout_ : timeout;
-  if (flight_->capacity() != 0) {
-    const std::vector<int64_t>& dims = dims_of(outputs);
-    flight_->issued(seq, name, dims.data(), dims.size(),
-                    outputs.empty() ? "" : c10::toString(outputs[0].scalar_type()));
-  }
-  // An async op's caller may replace or grow its tensors' storages before wait(); the op keeps
-  // them in place until it ends (a CUDA op's memory is the caching allocator's business).
-  std::shared_ptr<StoragePins> pins =
-      async_op && !on_cuda ? std::make_shared<StoragePins>(
-                                 std::initializer_list<const std::vector<at::Tensor>*>{&outputs, &inputs})
-                           : nullptr;
-  auto work = c10::make_intrusive<RingWork>(rank_, type, name, seq, std::move(outputs), queue_.state(),
-                                            on_cuda ? std::vector<c10::Device>{*device}
-                                                    : std::vector<c10::Device>{});
-  // A CUDA op's wait() blocks the host until the op is done on the device too (see cuda_side.h).
-  // What a TRACE line says of the op, built only when one is written.
-  std::string traced;
-  if (log::enabled(log::Level::Trace)) {
-    const std::vector<at::Tensor> outs = work->result();
-    traced = outs.empty() ? detail::cat(name, " #", seq)
-                          : detail::cat(name, " #", seq, " ", outs[0].sizes(), " ", outs[0].scalar_type());
-    log::write(log::Level::Trace, rank_, detail::cat(traced, ": issued", async_op ? " (async)" : ""));
-  }
-  auto task = [this, run = std::move(run), name, seq, t, pins,
-               traced = std::move(traced)]() mutable {
-    // Unpinned when the op ends, before its Work completes: a resize_ after wait() must work.
-    struct Unpin {
-      std::shared_ptr<StoragePins>& p;
-      ~Unpin() { p.reset(); }
-    } unpin{pins};
-    run_op(name, seq, t, traced, run);
-  };
-  // Claiming or queueing under mu_ keeps queue order equal to sequence order; the op itself
-  // runs without mu_, so other threads can issue ops (they queue behind it) meanwhile.
-  // (Not for CUDA ops: the caller's thread only queues them, and its stream waits for them.)
-  // In a group of one an async op runs here too (nothing can keep it waiting) and returns
-  // completed. In larger groups it never runs at its call: the caller may go on to ops of other
-  // groups, in an order that differs from rank to rank (torch allows that), and an op run here
-  // would block it until the peers reach this group's op, which they may do only after this rank
-  // has reached theirs. Its wait() runs it instead, if the progress thread has not started it
-  // (and the progress thread is not even woken for it while the group's callers wait promptly).
-  const bool inline_ok = !on_cuda && (!async_op || size_ == 1);
-  if (inline_ok && queue_.try_claim()) {
-    lock.unlock();
-    queue_.run_claimed(work, task);
-    return work;
-  }
-  if (!on_cuda) work->run_on_wait();
-  try {
-    // An async host op may wait for its wait() to run it (see OpQueue::push).
-    queue_.push(work, std::function<void()>(std::move(task)), /*deferrable=*/async_op && !on_cuda);
-  } catch (...) {
-    --next_seq_;  // never issued: later ops keep the numbers the other ranks give them
-    flight_->withdraw(seq);
-    throw;
-  }
-  if (queue_.on_progress_thread()) {
-    // Issued by a future callback: run it (after the ops queued before it) before returning, or
-    // a callback that waits for its future would wait for its own thread.
-    lock.unlock();
-    queue_.run_queued_here_until(*work);
-  }
-  return work;
-}
-
 c10::intrusive_ptr<c10d::Work> RingBackend::allreduce(std::vector<at::Tensor>& tensors_arg,
                                                       const c10d::AllreduceOptions& opts) {
   if (tensors_arg.size() == 1 && tensors_arg[0].defined() && tensors_arg[0].is_sparse()) {
@@ -206,8 +79,36 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allreduce(std::vector<at::Tensor>& t
     return enqueue(c10d::OpType::ALLREDUCE, "allreduce", t.device(), {t}, {}, opts.timeout,
                    opts.asyncOp, std::move(body));
   }
-  const auto tensors = held(tensors_arg, opts.asyncOp);
   const char* name = "allreduce";
+  if ((!opts.asyncOp || size_ == 1) && tensors_arg.size() == 1) {
+    // The caller waits at once (dist.all_reduce), or the group is this rank alone (where an async
+    // op runs at its call too, see enqueue()): one dense contiguous CPU tensor runs here on an
+    // idle group (allreduce_inline), and its Work is made complete, carrying the op's error for
+    // wait() as enqueue()'s inline run does. It needs no tensors of its own and no storage pins,
+    // which only an op still running after its call does. Anything else, and a busy group, takes
+    // the path below.
+    const at::Tensor& t = tensors_arg[0];
+    if (t.defined() && t.layout() == at::kStrided && t.device().is_cpu() && t.is_contiguous()) {
+      const DType d = checked_dtype(t, name, rank_);
+      const Reduction red = checked_reduction(opts.reduceOp, d, name, rank_, size_);
+      uint64_t seq = 0;
+      std::exception_ptr error;
+      bool ran;
+      try {
+        ran = allreduce_inline(t, d, red, opts.timeout, seq);
+      } catch (...) {
+        ran = true;
+        error = std::current_exception();
+      }
+      if (ran) {
+        auto work = c10::make_intrusive<RingWork>(rank_, c10d::OpType::ALLREDUCE, name, seq,
+                                                  std::vector<at::Tensor>{t}, queue_.state());
+        work->complete(error);
+        return work;
+      }
+    }
+  }
+  const auto tensors = held(tensors_arg, opts.asyncOp);
   at::Tensor t = single_tensor(tensors, name, rank_);
   const DType d = checked_dtype(t, name, rank_);
   const Reduction red = checked_reduction(opts.reduceOp, d, name, rank_, size_);
@@ -241,8 +142,8 @@ c10::intrusive_ptr<c10d::Work> RingBackend::ordered_allreduce(const at::Tensor& 
   const std::chrono::milliseconds limit = timeout == c10d::kUnsetTimeout ? timeout_ : timeout;
   if (flight_->capacity() != 0) {
     const std::vector<int64_t>& dims = dims_of(t);
-    flight_->issued(seq, name, dims.data(), dims.size(), c10::toString(t.scalar_type()));
-    flight_->started(seq);
+    flight_->issued_running(seq, name, dims.data(), dims.size(), c10::toString(t.scalar_type()),
+                            Clock::now());
   }
   c10::intrusive_ptr<c10d::Work> work;
   try {

@@ -129,38 +129,15 @@ void all_gather_into_tensor_autograd(at::Tensor out, const at::Tensor& in, c10::
 
 }  // namespace
 
+// What an inference loop passes, one dense contiguous CPU tensor reduced in place on an idle group,
+// runs here with no Work (allreduce_inline); anything else takes allreduce() and waits.
 void RingBackend::allreduce_now(const at::Tensor& t, const c10d::AllreduceOptions& opts) {
   const char* name = "allreduce";
-  // What an inference loop passes: one dense contiguous CPU tensor, reduced in place, with the
-  // group idle. It runs here as a synchronous allreduce() would (the same checks, sequence number,
-  // flight record, deadline and algorithm), without the Work and the queued form of the op that
-  // only a caller who may wait later needs. Anything else takes allreduce() and waits.
-  if (t.defined() && t.layout() == at::kStrided && t.device().is_cpu() && t.is_contiguous()) {
+  if (t.defined() && t.layout() == at::kStrided && t.device().is_cpu()) {
     const DType d = checked_dtype(t, name, rank_);
     const Reduction red = checked_reduction(opts.reduceOp, d, name, rank_, size_);
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!red.premul && queue_.try_claim()) {
-      const uint64_t seq = next_seq_++;
-      const std::chrono::milliseconds limit = opts.timeout == c10d::kUnsetTimeout ? timeout_ : opts.timeout;
-      lock.unlock();
-      queue_.run_claimed([&] {
-        // Recorded in here, where whatever throws releases the claim as the op's own failure does.
-        if (flight_->capacity() != 0) {
-          const std::vector<int64_t>& dims = dims_of(t);
-          flight_->issued(seq, name, dims.data(), dims.size(), c10::toString(t.scalar_type()));
-        }
-        std::string traced;
-        if (log::enabled(log::Level::Trace)) {
-          traced = detail::cat(name, " #", seq, " ", t.sizes(), " ", t.scalar_type());
-          log::write(log::Level::Trace, rank_, detail::cat(traced, ": issued"));
-        }
-        run_op(name, seq, limit, traced, [&](const OpContext& ctx, const Deadline& dl) {
-          algo_->allreduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), d, red.op,
-                           red.divisor, ctx, dl);
-        });
-      });
-      return;
-    }
+    uint64_t seq = 0;
+    if (allreduce_inline(t, d, red, opts.timeout, seq)) return;
   }
   std::vector<at::Tensor> ts{t};
   c10d::AllreduceOptions sync = opts;
@@ -175,6 +152,23 @@ double time_all_reduce(at::Tensor t, int64_t iters, const std::string& group) {
                              .typed<void(at::Tensor, c10::string_view, c10::string_view)>();
   const auto start = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < iters; ++i) op.call(t, "sum", group);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+double time_backend_all_reduce(at::Tensor t, int64_t iters, const std::string& group, bool async_op) {
+  TORCH_CHECK(iters >= 0, "ringreduce time_backend_all_reduce: iters must be >= 0, got ", iters);
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;
+  try {
+    pg = c10d::resolve_process_group(group.empty() ? std::string(kDefaultGroup) : group);
+  } catch (const std::exception&) {
+    TORCH_CHECK(false, "ringreduce time_backend_all_reduce: there is no process group named '", group, "'");
+  }
+  const c10::intrusive_ptr<c10d::Backend> b = pg->getBackend(t.device().type());
+  std::vector<at::Tensor> ts{t};
+  c10d::AllreduceOptions opts;
+  opts.asyncOp = async_op;
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < iters; ++i) b->allreduce(ts, opts)->wait();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 

@@ -107,10 +107,8 @@ FlightRecorder::Entry* FlightRecorder::find(uint64_t seq) {
   return e.used && e.seq == seq ? &e : nullptr;
 }
 
-void FlightRecorder::issued(uint64_t seq, const char* op, const int64_t* dims, size_t ndims,
-                            const char* dtype) {
-  const int64_t t = now_us();
-  std::lock_guard<std::mutex> lock(mu_);
+void FlightRecorder::record_issue(uint64_t seq, const char* op, const int64_t* dims, size_t ndims,
+                                  const char* dtype, Clock::time_point at) {
   ++issued_count_;
   if (entries_.empty()) return;
   Entry& e = entries_[seq % entries_.size()];
@@ -120,27 +118,41 @@ void FlightRecorder::issued(uint64_t seq, const char* op, const int64_t* dims, s
   e.dims.assign(dims, dims + ndims);
   e.dtype = dtype;
   e.state = State::Issued;
-  e.issued_us = t;
-  e.started_us = 0;
-  e.ended_us = 0;
+  e.issued = at;
+  e.started = {};
+  e.ended = {};
   e.error.clear();
 }
 
-void FlightRecorder::started(uint64_t seq) {
-  const int64_t t = now_us();
+void FlightRecorder::issued(uint64_t seq, const char* op, const int64_t* dims, size_t ndims,
+                            const char* dtype, Clock::time_point at) {
   std::lock_guard<std::mutex> lock(mu_);
+  record_issue(seq, op, dims, ndims, dtype, at);
+}
+
+void FlightRecorder::issued_running(uint64_t seq, const char* op, const int64_t* dims, size_t ndims,
+                                    const char* dtype, Clock::time_point at) {
+  std::lock_guard<std::mutex> lock(mu_);
+  record_issue(seq, op, dims, ndims, dtype, at);
   if (Entry* e = find(seq)) {
     e->state = State::Running;
-    e->started_us = t;
+    e->started = at;
   }
 }
 
-void FlightRecorder::finished(uint64_t seq, const std::string& error) {
-  const int64_t t = now_us();
+void FlightRecorder::started(uint64_t seq, Clock::time_point at) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (Entry* e = find(seq)) {
+    e->state = State::Running;
+    e->started = at;
+  }
+}
+
+void FlightRecorder::finished(uint64_t seq, const std::string& error, Clock::time_point at) {
   std::lock_guard<std::mutex> lock(mu_);
   if (Entry* e = find(seq)) {
     e->state = error.empty() ? State::Completed : State::Failed;
-    e->ended_us = t;
+    e->ended = at;
     e->error = error;
   }
 }
@@ -157,7 +169,15 @@ std::string FlightRecorder::to_json(const std::string& reason) const {
   json_string(out, meta_.transport);
   out += ",\n  \"reason\": ";
   json_string(out, reason);
-  out += detail::cat(",\n  \"dumped_us\": ", now_us());
+  const int64_t dumped_us = now_us();
+  out += detail::cat(",\n  \"dumped_us\": ", dumped_us);
+  // The entries' steady times as wall clock: both clocks read now. (A wall clock stepped since an
+  // op shows it where it was on the steady clock, which is the one its deadline ran on.)
+  const Clock::time_point steady_now = Clock::now();
+  auto wall_us = [&](Clock::time_point t) -> int64_t {
+    if (t == Clock::time_point{}) return 0;
+    return dumped_us - std::chrono::duration_cast<std::chrono::microseconds>(steady_now - t).count();
+  };
   std::lock_guard<std::mutex> lock(mu_);
   out += detail::cat(",\n  \"capacity\": ", entries_.size(), ",\n  \"ops_issued\": ", issued_count_,
                      ",\n  \"ops\": [");
@@ -178,8 +198,8 @@ std::string FlightRecorder::to_json(const std::string& reason) const {
     json_string(out, e.dtype);
     out += ", \"state\": ";
     json_string(out, flight_state_name(e.state));
-    out += detail::cat(", \"issued_us\": ", e.issued_us, ", \"started_us\": ", e.started_us,
-                       ", \"ended_us\": ", e.ended_us);
+    out += detail::cat(", \"issued_us\": ", wall_us(e.issued), ", \"started_us\": ",
+                       wall_us(e.started), ", \"ended_us\": ", wall_us(e.ended));
     if (!e.error.empty()) {
       out += ", \"error\": ";
       json_string(out, e.error);

@@ -5,10 +5,14 @@
 // (ringreduce.dump_flight_recorder); `python -m ringreduce.flight DIR` reads the dumps of every
 // rank and says which rank is missing which op, or where the ranks' ops differ.
 //
-// Recording costs a mutex and a few small copies per op (ops cost microseconds at the least), and
-// no allocation once the ring of entries has gone round once; text is made only when dumping.
+// Recording costs an uncontended mutex and a few small copies per event, and no allocation once
+// the ring of entries has gone round once; text is made only when dumping. Times are taken on the
+// steady clock that ops' deadlines use, so that an op run at its call reads the clock once for
+// its issue, its start and its deadline (RingBackend::allreduce_inline), and are turned into wall
+// clock time (comparable across hosts) when dumped.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -41,12 +45,17 @@ class FlightRecorder {
   // An op got sequence number `seq` (numbers are issued in order, one per collective). `dims`
   // holds the shapes of its tensors, each ended by -1; `op` and `dtype` are static strings.
   // Copies into storage an earlier op left, so a full recorder allocates nothing.
-  void issued(uint64_t seq, const char* op, const int64_t* dims, size_t ndims, const char* dtype);
+  using Clock = std::chrono::steady_clock;
+  void issued(uint64_t seq, const char* op, const int64_t* dims, size_t ndims, const char* dtype,
+              Clock::time_point at);
+  // issued() and started() at once, for an op that starts where it is issued.
+  void issued_running(uint64_t seq, const char* op, const int64_t* dims, size_t ndims,
+                      const char* dtype, Clock::time_point at);
   // The op numbered `seq`, the last issued, was not queued after all (its number is reused).
   void withdraw(uint64_t seq);
-  void started(uint64_t seq);
+  void started(uint64_t seq, Clock::time_point at);
   // `error` is empty on success.
-  void finished(uint64_t seq, const std::string& error);
+  void finished(uint64_t seq, const std::string& error, Clock::time_point at);
 
   // The whole record as JSON, with why it was dumped.
   std::string to_json(const std::string& reason) const;
@@ -70,12 +79,15 @@ class FlightRecorder {
     std::vector<int64_t> dims;  // as passed to issued()
     const char* dtype = "";
     State state = State::Issued;
-    int64_t issued_us = 0;  // wall clock, microseconds since the epoch (comparable across hosts)
-    int64_t started_us = 0;
-    int64_t ended_us = 0;
+    Clock::time_point issued{};  // dumped as wall clock microseconds since the epoch
+    Clock::time_point started{};  // {}: not started
+    Clock::time_point ended{};
     std::string error;
   };
   Entry* find(uint64_t seq);
+  // Under mu_: entry `seq` takes what issued() records.
+  void record_issue(uint64_t seq, const char* op, const int64_t* dims, size_t ndims,
+                    const char* dtype, Clock::time_point at);
 
   FlightMeta meta_;
   mutable std::mutex mu_;

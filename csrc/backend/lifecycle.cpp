@@ -110,7 +110,7 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     // Nothing is set up on a device until the group's first CUDA op.
     cuda_ = std::make_unique<CudaSide>(store, prefix, rank, size, config_, links_->transport(),
                                        [this](uint64_t seq, const std::string& error) {
-                                         flight_->finished(seq, error);
+                                         flight_->finished(seq, error, Clock::now());
                                          if (!error.empty()) {
                                            if (log::enabled(log::Level::Warn)) log::write(log::Level::Warn, rank_, error);
                                            dump_on_failure(error);

@@ -51,7 +51,7 @@ class RingBackend final : public c10d::Backend {
   const std::string getBackendName() const override { return "ringreduce"; }
 
   // The direct op's all-reduce (direct_ops.cpp): allreduce() of one tensor, waited for, and run
-  // here without a Work where the tensor and the queue allow.
+  // here without a Work where the tensor and the queue allow (allreduce_inline).
   void allreduce_now(const at::Tensor& t, const c10d::AllreduceOptions& opts);
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override;
@@ -173,6 +173,15 @@ class RingBackend final : public c10d::Backend {
   // checked (tensor_checks.h), with the dtype and reduction the checks returned, and checks
   // nothing again.
   Body allreduce_body(const at::Tensor& t, DType d, const Reduction& red);
+  // What an inference loop's and a plain dist.all_reduce's call is: one dense contiguous CPU
+  // tensor reduced in place, waited for at once. When the group is idle it runs here, as a
+  // synchronous op would through enqueue() (the same sequence number, flight record, deadline
+  // and algorithm) but with no queued form of the op: no type-erased body, no Work until it has
+  // ended. Returns false, having issued nothing, where the tensor or a busy queue needs the
+  // queued path; `seq` is the op's number once it is issued. Throws the op's error (a
+  // DistBackendError) after the flight recorder has it.
+  bool allreduce_inline(const at::Tensor& t, DType d, const Reduction& red,
+                        std::chrono::milliseconds timeout, uint64_t& seq);
 #ifdef RINGREDUCE_WITH_CUDA
   c10::intrusive_ptr<c10d::Work> ordered_allreduce(const at::Tensor& t, DType d, const Reduction& red,
                                                    std::chrono::milliseconds timeout);
@@ -189,9 +198,12 @@ class RingBackend final : public c10d::Backend {
                                           const char* op);
 
   // Runs op `seq` (its body `run`) where it is: the flight record of its start and end, the
-  // group's abort checked first, its deadline from now, a failure logged and dumped.
+  // group's abort checked first, its deadline from its start, a failure logged and dumped.
+  // `began`: when the op started, its flight record of the start already made (an op that
+  // starts where it is issued); {}: now, recorded here.
   void run_op(const char* name, uint64_t seq, std::chrono::milliseconds t, const std::string& traced,
-              c10::function_ref<void(const OpContext&, const Deadline&)> run);
+              c10::function_ref<void(const OpContext&, const Deadline&)> run,
+              Clock::time_point began = {});
   // Gives the op its sequence number and queues it; a synchronous op (async_op false) runs on the
   // calling thread instead when the queue is idle.
   // `outputs` and `inputs` are the caller's tensors, every one checked by the entry point, and
