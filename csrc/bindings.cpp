@@ -194,10 +194,10 @@ PYBIND11_MODULE(_C, m) {
         py::arg("group") = "", py::call_guard<py::gil_scoped_release>(),
         "Seconds that `iters` calls of torch.ops.ringreduce.all_reduce_(tensor, 'sum', group) take "
         "when looped in C++ (benchmarks/peers.py's rr-c++ column)");
+  // The GIL stays held: a backend written in Python (a c10d::Backend subclass there) needs it.
   m.def("_time_backend_all_reduce_", &ringreduce::time_backend_all_reduce, py::arg("tensor"),
         py::arg("iters"), py::arg("group") = "", py::arg("async_op") = false,
-        py::call_guard<py::gil_scoped_release>(),
-        "Seconds that `iters` calls of the group's CPU backend's allreduce([tensor]) and wait() take "
+        "Seconds that `iters` calls of the group's backend's allreduce([tensor]) and wait() take "
         "when looped in C++, for any backend (benchmarks/call_path.py's sync-c++ and async-c++ rows)");
 #ifdef RINGREDUCE_WITH_CUDA
   m.attr("built_with_cuda") = true;

@@ -1,4 +1,4 @@
-"""Where an async op runs (csrc/backend/backend_collectives.cpp and work.cpp): on the group's
+"""Where an op runs (csrc/backend/issue.cpp, op_queue.cpp and work.cpp): an async one on the group's
 progress thread, or on the thread that waits for it when its wait() (without a timeout) comes
 before the progress thread has taken it; in a group of one, at its call.
 
@@ -123,21 +123,22 @@ def _rank_run_at_call(ctx):
         if not w.is_completed():
             failures.append(f"{what}: its Work is not completed at return")
         res = w.result()
-        if len(res) != 1 or res[0].data_ptr() != t.data_ptr():
-            failures.append(f"{what}: result() is not the caller's tensor")
+        if len(res) != 1 or res[0] is not t:
+            failures.append(f"{what}: result() is not the caller's tensor (as gloo's is)")
         val = w.get_future().wait()
         want = torch.full((1000,), float(n * (n + 1) // 2))
         if not (w.wait() and torch.equal(t, want) and torch.equal(val[0], want)):
             failures.append(f"{what}: wrong sum, or a future value that differs")
-    # Behind a queued async op the synchronous one does not run at its call: it runs after it.
+    # Behind a queued async op the synchronous one does not run at its call: it runs after it
+    # (the flight record's times, below).
     if n > 1:
         a = torch.full((1000,), float(r))
         aw = dist.all_reduce(a, group=g, async_op=True)
-        b = torch.full((1000,), float(r))
+        b = torch.full((1000,), float(10 * (r + 1)))
         be.allreduce([b], opts(False)).wait()
         aw.wait()
-        want = torch.full((1000,), float(sum(range(n))))
-        if not (torch.equal(a, want) and torch.equal(b, want)):
+        if not (torch.equal(a, torch.full((1000,), float(sum(range(n)))))
+                and torch.equal(b, torch.full((1000,), float(10 * n * (n + 1) // 2)))):
             failures.append(f"rank {r}: a sync op behind a queued async one: wrong sums")
     # The flight recorder numbers and records them as it does queued ops.
     import json
@@ -152,6 +153,9 @@ def _rank_run_at_call(ctx):
     expect = [(k, "allreduce", "[1000]", "completed") for k in range(len(run_at_call) + 2 * (n > 1))]
     if got != expect:
         failures.append(f"rank {r}: flight record {got}, expected {expect}")
+    elif n > 1 and ops[-2]["ended_us"] > ops[-1]["started_us"]:
+        failures.append(f"rank {r}: the sync op started before the async one queued ahead of it ended: "
+                        f"{ops[-2:]}")
     # An op run at its call that fails hands its error to wait(), as a queued one does, and leaves
     # the caller's tensor as it was: rank 0 alone calls it, and its deadline passes.
     dist.barrier(group=ctx.gloo)

@@ -80,27 +80,21 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allreduce(std::vector<at::Tensor>& t
                    opts.asyncOp, std::move(body));
   }
   const char* name = "allreduce";
-  if ((!opts.asyncOp || size_ == 1) && tensors_arg.size() == 1) {
+  if ((!opts.asyncOp || size_ == 1) && tensors_arg.size() == 1 &&
+      opts.reduceOp.op_ != c10d::ReduceOp::PREMUL_SUM) {
     // The caller waits at once (dist.all_reduce), or the group is this rank alone (where an async
     // op runs at its call too, see enqueue()): one dense contiguous CPU tensor runs here on an
     // idle group (allreduce_inline), and its Work is made complete, carrying the op's error for
     // wait() as enqueue()'s inline run does. It needs no tensors of its own and no storage pins,
     // which only an op still running after its call does. Anything else, and a busy group, takes
-    // the path below.
+    // the path below. (PREMUL_SUM never runs inline: its factor is checked once, below.)
     const at::Tensor& t = tensors_arg[0];
     if (t.defined() && t.layout() == at::kStrided && t.device().is_cpu() && t.is_contiguous()) {
       const DType d = checked_dtype(t, name, rank_);
       const Reduction red = checked_reduction(opts.reduceOp, d, name, rank_, size_);
       uint64_t seq = 0;
       std::exception_ptr error;
-      bool ran;
-      try {
-        ran = allreduce_inline(t, d, red, opts.timeout, seq);
-      } catch (...) {
-        ran = true;
-        error = std::current_exception();
-      }
-      if (ran) {
+      if (allreduce_inline(t, d, red, opts.timeout, &seq, &error)) {
         auto work = c10::make_intrusive<RingWork>(rank_, c10d::OpType::ALLREDUCE, name, seq,
                                                   std::vector<at::Tensor>{t}, queue_.state());
         work->complete(error);

@@ -136,8 +136,7 @@ void RingBackend::allreduce_now(const at::Tensor& t, const c10d::AllreduceOption
   if (t.defined() && t.layout() == at::kStrided && t.device().is_cpu()) {
     const DType d = checked_dtype(t, name, rank_);
     const Reduction red = checked_reduction(opts.reduceOp, d, name, rank_, size_);
-    uint64_t seq = 0;
-    if (allreduce_inline(t, d, red, opts.timeout, seq)) return;
+    if (allreduce_inline(t, d, red, opts.timeout)) return;
   }
   std::vector<at::Tensor> ts{t};
   c10d::AllreduceOptions sync = opts;

@@ -169,16 +169,17 @@ std::string FlightRecorder::to_json(const std::string& reason) const {
   json_string(out, meta_.transport);
   out += ",\n  \"reason\": ";
   json_string(out, reason);
+  // Under the lock, so that no op recorded after these readings is dumped. The entries' steady
+  // times become wall-clock time through both clocks read here: a wall clock stepped since an op
+  // shows it shifted by the step, where the steady clock (its deadline's) had it.
+  std::lock_guard<std::mutex> lock(mu_);
   const int64_t dumped_us = now_us();
-  out += detail::cat(",\n  \"dumped_us\": ", dumped_us);
-  // The entries' steady times as wall clock: both clocks read now. (A wall clock stepped since an
-  // op shows it where it was on the steady clock, which is the one its deadline ran on.)
   const Clock::time_point steady_now = Clock::now();
+  out += detail::cat(",\n  \"dumped_us\": ", dumped_us);
   auto wall_us = [&](Clock::time_point t) -> int64_t {
     if (t == Clock::time_point{}) return 0;
     return dumped_us - std::chrono::duration_cast<std::chrono::microseconds>(steady_now - t).count();
   };
-  std::lock_guard<std::mutex> lock(mu_);
   out += detail::cat(",\n  \"capacity\": ", entries_.size(), ",\n  \"ops_issued\": ", issued_count_,
                      ",\n  \"ops\": [");
   // Oldest first: the kept window is the last `capacity` sequence numbers.

@@ -67,7 +67,8 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const cha
                                                     std::chrono::milliseconds timeout,
                                                     bool async_op, Body body) {
   // The entry point checked the tensors and found `device` (checked_device): nothing here fails
-  // for the caller's input. A build without CUDA never gets a CUDA device.
+  // for the caller's input. A build without CUDA never gets a CUDA device. A host op runs its
+  // body on the host's ring; a CUDA op runs what CudaSide makes of it (`run`).
   std::function<void(const OpContext&, const Deadline&)> run;
   const bool on_cuda = kWithCuda && device && device->is_cuda();
 #ifdef RINGREDUCE_WITH_CUDA
@@ -77,16 +78,15 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const cha
     run = cuda_->prepare(name, *device, used, std::move(body));
   }
 #endif
-  if (!on_cuda) {
-    run = [this, body = std::move(body)](const OpContext& ctx, const Deadline& dl) { body(*algo_, ctx, dl); };
-  }
   std::unique_lock<std::mutex> lock(mu_);
   const uint64_t seq = next_seq_++;
   const std::chrono::milliseconds t = timeout == c10d::kUnsetTimeout ? timeout_ : timeout;
+  // One clock read for its issue: the flight record's, and a deferred op's (OpQueue::push).
+  const Clock::time_point issued_at = Clock::now();
   if (flight_->capacity() != 0) {
     const std::vector<int64_t>& dims = dims_of(outputs);
     flight_->issued(seq, name, dims.data(), dims.size(),
-                    outputs.empty() ? "" : c10::toString(outputs[0].scalar_type()), Clock::now());
+                    outputs.empty() ? "" : c10::toString(outputs[0].scalar_type()), issued_at);
   }
   // An async op's caller may replace or grow its tensors' storages before wait(); the op keeps
   // them in place until it ends (a CUDA op's memory is the caching allocator's business).
@@ -106,14 +106,18 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const cha
                           : detail::cat(name, " #", seq, " ", outs[0].sizes(), " ", outs[0].scalar_type());
     log::write(log::Level::Trace, rank_, detail::cat(traced, ": issued", async_op ? " (async)" : ""));
   }
-  auto task = [this, run = std::move(run), name, seq, t, pins,
+  auto task = [this, run = std::move(run), body = std::move(body), name, seq, t, pins,
                traced = std::move(traced)]() mutable {
     // Unpinned when the op ends, before its Work completes: a resize_ after wait() must work.
     struct Unpin {
       std::shared_ptr<StoragePins>& p;
       ~Unpin() { p.reset(); }
     } unpin{pins};
-    run_op(name, seq, t, traced, run);
+    if (run) {
+      run_op(name, seq, t, traced, run);
+    } else {
+      run_op(name, seq, t, traced, [&](const OpContext& ctx, const Deadline& dl) { body(*algo_, ctx, dl); });
+    }
   };
   // Claiming or queueing under mu_ keeps queue order equal to sequence order; the op itself
   // runs without mu_, so other threads can issue ops (they queue behind it) meanwhile.
@@ -133,7 +137,8 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const cha
   if (!on_cuda) work->run_on_wait();
   try {
     // An async host op may wait for its wait() to run it (see OpQueue::push).
-    queue_.push(work, std::function<void()>(std::move(task)), /*deferrable=*/async_op && !on_cuda);
+    queue_.push(work, std::function<void()>(std::move(task)), /*deferrable=*/async_op && !on_cuda,
+                issued_at);
   } catch (...) {
     --next_seq_;  // never issued: later ops keep the numbers the other ranks give them
     flight_->withdraw(seq);
@@ -149,7 +154,8 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const cha
 }
 
 bool RingBackend::allreduce_inline(const at::Tensor& t, DType d, const Reduction& red,
-                                   std::chrono::milliseconds timeout, uint64_t& seq) {
+                                   std::chrono::milliseconds timeout, uint64_t* issued_seq,
+                                   std::exception_ptr* error) {
   const char* name = "allreduce";
   if (red.premul || !t.defined() || t.layout() != at::kStrided || !t.device().is_cpu() ||
       !t.is_contiguous()) {
@@ -157,10 +163,11 @@ bool RingBackend::allreduce_inline(const at::Tensor& t, DType d, const Reduction
   }
   std::unique_lock<std::mutex> lock(mu_);
   if (!queue_.try_claim()) return false;
-  seq = next_seq_++;
+  const uint64_t seq = next_seq_++;
+  if (issued_seq != nullptr) *issued_seq = seq;
   const std::chrono::milliseconds limit = timeout == c10d::kUnsetTimeout ? timeout_ : timeout;
   lock.unlock();
-  queue_.run_claimed([&] {
+  auto run = [&] {
     // One clock read for its issue, its start and its deadline. Recorded in here, where whatever
     // throws releases the claim as the op's own failure does.
     const Clock::time_point now = Clock::now();
@@ -180,7 +187,16 @@ bool RingBackend::allreduce_inline(const at::Tensor& t, DType d, const Reduction
                            red.divisor, ctx, dl);
         },
         now);
-  });
+  };
+  if (error == nullptr) {
+    queue_.run_claimed(run);
+  } else {
+    try {
+      queue_.run_claimed(run);
+    } catch (...) {
+      *error = std::current_exception();  // the op's own failure, as a Work would carry it
+    }
+  }
   return true;
 }
 

@@ -230,7 +230,8 @@ void OpQueue::set_start_delay(std::chrono::microseconds d) {
   st_->start_delay = d;
 }
 
-void OpQueue::push(c10::intrusive_ptr<RingWork> work, std::function<void()> body, bool deferrable) {
+void OpQueue::push(c10::intrusive_ptr<RingWork> work, std::function<void()> body, bool deferrable,
+                   QueueState::Clock::time_point issued_at) {
   bool wake = false;
   {
     std::lock_guard<std::mutex> lock(st_->mu);
@@ -238,12 +239,13 @@ void OpQueue::push(c10::intrusive_ptr<RingWork> work, std::function<void()> body
              "the process group has been shut down");
     const bool idle = !st_->running && st_->tasks.empty();
     const bool defer = deferrable && idle && st_->prompt && st_->start_delay.count() > 0;
-    if (deferrable && !defer) work->set_pushed_at(QueueState::Clock::now());  // for note_wait
+    if (deferrable && issued_at == QueueState::Clock::time_point{}) issued_at = QueueState::Clock::now();
+    if (deferrable && !defer) work->set_pushed_at(issued_at);  // for note_wait
     st_->tasks.push_back(QueueState::Task{std::move(work), std::move(body)});
     if (st_->running) {
       // The running op's end starts this one (run_and_complete, or the thread's own loop).
     } else if (defer) {
-      st_->tasks.back().deferred_at = QueueState::Clock::now();
+      st_->tasks.back().deferred_at = issued_at;
       if (!st_->timer_armed) arm_timer(*st_, st_->start_delay);
     } else {
       // Queued behind a deferred op, its caller issues several before it waits: both start now.

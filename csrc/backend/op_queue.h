@@ -95,7 +95,9 @@ class OpQueue {
   // same when a second op is queued behind it, when its future is asked for, at a wait() with a
   // timeout, or, if none of these comes, after the start delay, by a timer, which also tells the
   // queue that this caller overlaps its ops with its work: its next ones go to the thread at once.
-  void push(c10::intrusive_ptr<RingWork> work, std::function<void()> body, bool deferrable = false);
+  // `issued_at`: the op's issue, on QueueState::Clock (the steady clock); {}: now.
+  void push(c10::intrusive_ptr<RingWork> work, std::function<void()> body, bool deferrable = false,
+            QueueState::Clock::time_point issued_at = {});
   void set_start_delay(std::chrono::microseconds d);
 
   // For a synchronous op (the caller waits right away) the caller may run it on its own thread,

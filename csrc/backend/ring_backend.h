@@ -178,10 +178,12 @@ class RingBackend final : public c10d::Backend {
   // synchronous op would through enqueue() (the same sequence number, flight record, deadline
   // and algorithm) but with no queued form of the op: no type-erased body, no Work until it has
   // ended. Returns false, having issued nothing, where the tensor or a busy queue needs the
-  // queued path; `seq` is the op's number once it is issued. Throws the op's error (a
-  // DistBackendError) after the flight recorder has it.
+  // queued path; `*issued_seq` (where given) is the op's number once it is issued. The op's
+  // failure (a DistBackendError, once the flight recorder has it) is stored in `*error`, or
+  // thrown where `error` is null.
   bool allreduce_inline(const at::Tensor& t, DType d, const Reduction& red,
-                        std::chrono::milliseconds timeout, uint64_t& seq);
+                        std::chrono::milliseconds timeout, uint64_t* issued_seq = nullptr,
+                        std::exception_ptr* error = nullptr);
 #ifdef RINGREDUCE_WITH_CUDA
   c10::intrusive_ptr<c10d::Work> ordered_allreduce(const at::Tensor& t, DType d, const Reduction& red,
                                                    std::chrono::milliseconds timeout);
