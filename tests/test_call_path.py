@@ -137,6 +137,8 @@ def _rank_run_at_call(ctx):
         b = torch.full((1000,), float(10 * (r + 1)))
         be.allreduce([b], opts(False)).wait()
         aw.wait()
+        if len(aw.result()) != 1 or aw.result()[0] is not a:
+            failures.append(f"rank {r}: a queued async op's result() is not the caller's tensor (as gloo's is)")
         if not (torch.equal(a, torch.full((1000,), float(sum(range(n)))))
                 and torch.equal(b, torch.full((1000,), float(10 * n * (n + 1) // 2)))):
             failures.append(f"rank {r}: a sync op behind a queued async one: wrong sums")

@@ -80,18 +80,20 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allreduce(std::vector<at::Tensor>& t
                    opts.asyncOp, std::move(body));
   }
   const char* name = "allreduce";
-  if ((!opts.asyncOp || size_ == 1) && tensors_arg.size() == 1 &&
-      opts.reduceOp.op_ != c10d::ReduceOp::PREMUL_SUM) {
-    // The caller waits at once (dist.all_reduce), or the group is this rank alone (where an async
-    // op runs at its call too, see enqueue()): one dense contiguous CPU tensor runs here on an
-    // idle group (allreduce_inline), and its Work is made complete, carrying the op's error for
-    // wait() as enqueue()'s inline run does. It needs no tensors of its own and no storage pins,
-    // which only an op still running after its call does. Anything else, and a busy group, takes
-    // the path below. (PREMUL_SUM never runs inline: its factor is checked once, below.)
+  if (tensors_arg.size() == 1 && opts.reduceOp.op_ != c10d::ReduceOp::PREMUL_SUM &&
+      tensors_arg[0].defined() && tensors_arg[0].layout() == at::kStrided &&
+      tensors_arg[0].device().is_cpu() && tensors_arg[0].is_contiguous()) {
+    // One dense contiguous CPU tensor, the call of a plain dist.all_reduce, of its async form and
+    // of the functional collectives. (PREMUL_SUM takes the path below: its factor is checked once.)
     const at::Tensor& t = tensors_arg[0];
-    if (t.defined() && t.layout() == at::kStrided && t.device().is_cpu() && t.is_contiguous()) {
-      const DType d = checked_dtype(t, name, rank_);
-      const Reduction red = checked_reduction(opts.reduceOp, d, name, rank_, size_);
+    const DType d = checked_dtype(t, name, rank_);
+    const Reduction red = checked_reduction(opts.reduceOp, d, name, rank_, size_);
+    if (!opts.asyncOp || size_ == 1) {
+      // The caller waits at once, or the group is this rank alone (where an async op runs at its
+      // call too, see enqueue()): on an idle group it runs here (allreduce_inline), and its Work
+      // is made complete, carrying the op's error for wait() as enqueue()'s inline run does. It
+      // needs no tensors of its own and no storage pins, which only an op still running after
+      // its call does. A busy group queues it below.
       uint64_t seq = 0;
       std::exception_ptr error;
       if (allreduce_inline(t, d, red, opts.timeout, &seq, &error)) {
@@ -100,6 +102,13 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allreduce(std::vector<at::Tensor>& t
         work->complete(error);
         return work;
       }
+    } else {
+      // Async: queued, in place at the memory the tensor has now, which the op's storage pins
+      // keep alive and in place (enqueue pins the caller's tensor). The op needs no tensor of
+      // its own (held()) to be safe from a set_ before wait(): it reads nothing from the tensor
+      // once issued.
+      return enqueue(c10d::OpType::ALLREDUCE, name, t.device(), {t}, {}, opts.timeout,
+                     /*async_op=*/true, pinned_allreduce_body(t, d, red));
     }
   }
   const auto tensors = held(tensors_arg, opts.asyncOp);
@@ -157,6 +166,16 @@ c10::intrusive_ptr<c10d::Work> RingBackend::ordered_allreduce(const at::Tensor& 
   return work;
 }
 #endif
+
+RingBackend::Body RingBackend::pinned_allreduce_body(const at::Tensor& t, DType d, const Reduction& red) {
+  void* data = t.data_ptr();
+  const size_t count = static_cast<size_t>(t.numel());
+  const RedOp op = red.op;
+  const int64_t divisor = red.divisor;
+  return [data, count, d, op, divisor](Collectives& algo, const OpContext& ctx, const Deadline& dl) {
+    algo.allreduce(data, data, count, d, op, divisor, ctx, dl);
+  };
+}
 
 // `t` passed single_tensor(), `d` is its dtype and `red` the reduction checked for it.
 RingBackend::Body RingBackend::allreduce_body(const at::Tensor& t, DType d, const Reduction& red) {

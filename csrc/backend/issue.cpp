@@ -60,6 +60,23 @@ void RingBackend::run_op(const char* name, uint64_t seq, std::chrono::millisecon
   }
 }
 
+namespace {
+
+// A host or CUDA op issued through enqueue(): its Work and what runs it once its turn comes, in
+// one allocation. The queue's task for it is two pointers (the backend and this), which
+// std::function keeps in place: an async op, whose queued form is all of its cost beyond a
+// synchronous one's, allocates no closure, no shared pins and no map node.
+class QueuedOp final : public RingWork {
+ public:
+  using RingWork::RingWork;
+  RingBackend::Body body;
+  std::function<void(const OpContext&, const Deadline&)> run;  // a CUDA op's (CudaSide::prepare)
+  std::chrono::milliseconds timeout{0};
+  std::string traced;  // what a TRACE line says of the op; empty when none is written
+};
+
+}  // namespace
+
 c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const char* name,
                                                     std::optional<c10::Device> device,
                                                     std::vector<at::Tensor> outputs,
@@ -69,8 +86,8 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const cha
   // The entry point checked the tensors and found `device` (checked_device): nothing here fails
   // for the caller's input. A build without CUDA never gets a CUDA device. A host op runs its
   // body on the host's ring; a CUDA op runs what CudaSide makes of it (`run`).
-  std::function<void(const OpContext&, const Deadline&)> run;
   const bool on_cuda = kWithCuda && device && device->is_cuda();
+  std::function<void(const OpContext&, const Deadline&)> run;
 #ifdef RINGREDUCE_WITH_CUDA
   if (on_cuda) {
     std::vector<at::Tensor> used = outputs;
@@ -80,7 +97,6 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const cha
 #endif
   std::unique_lock<std::mutex> lock(mu_);
   const uint64_t seq = next_seq_++;
-  const std::chrono::milliseconds t = timeout == c10d::kUnsetTimeout ? timeout_ : timeout;
   // One clock read for its issue: the flight record's, and a deferred op's (OpQueue::push).
   const Clock::time_point issued_at = Clock::now();
   if (flight_->capacity() != 0) {
@@ -88,37 +104,32 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const cha
     flight_->issued(seq, name, dims.data(), dims.size(),
                     outputs.empty() ? "" : c10::toString(outputs[0].scalar_type()), issued_at);
   }
+  // A CUDA op's wait() blocks the host until the op is done on the device too (see cuda_side.h).
+  auto op = c10::make_intrusive<QueuedOp>(rank_, type, name, seq, std::move(outputs), queue_.state(),
+                                          on_cuda ? std::vector<c10::Device>{*device}
+                                                  : std::vector<c10::Device>{});
   // An async op's caller may replace or grow its tensors' storages before wait(); the op keeps
   // them in place until it ends (a CUDA op's memory is the caching allocator's business).
-  std::shared_ptr<StoragePins> pins =
-      async_op && !on_cuda ? std::make_shared<StoragePins>(
-                                 std::initializer_list<const std::vector<at::Tensor>*>{&outputs, &inputs})
-                           : nullptr;
-  auto work = c10::make_intrusive<RingWork>(rank_, type, name, seq, std::move(outputs), queue_.state(),
-                                            on_cuda ? std::vector<c10::Device>{*device}
-                                                    : std::vector<c10::Device>{});
-  // A CUDA op's wait() blocks the host until the op is done on the device too (see cuda_side.h).
-  // What a TRACE line says of the op, built only when one is written.
-  std::string traced;
+  if (async_op && !on_cuda) op->pin({&op->outputs(), &inputs});
+  op->body = std::move(body);
+  op->run = std::move(run);
+  op->timeout = timeout == c10d::kUnsetTimeout ? timeout_ : timeout;
   if (log::enabled(log::Level::Trace)) {
-    const std::vector<at::Tensor> outs = work->result();
-    traced = outs.empty() ? detail::cat(name, " #", seq)
-                          : detail::cat(name, " #", seq, " ", outs[0].sizes(), " ", outs[0].scalar_type());
-    log::write(log::Level::Trace, rank_, detail::cat(traced, ": issued", async_op ? " (async)" : ""));
+    const std::vector<at::Tensor>& outs = op->outputs();
+    op->traced = outs.empty() ? detail::cat(name, " #", seq)
+                              : detail::cat(name, " #", seq, " ", outs[0].sizes(), " ", outs[0].scalar_type());
+    log::write(log::Level::Trace, rank_, detail::cat(op->traced, ": issued", async_op ? " (async)" : ""));
   }
-  auto task = [this, run = std::move(run), body = std::move(body), name, seq, t, pins,
-               traced = std::move(traced)]() mutable {
-    // Unpinned when the op ends, before its Work completes: a resize_ after wait() must work.
-    struct Unpin {
-      std::shared_ptr<StoragePins>& p;
-      ~Unpin() { p.reset(); }
-    } unpin{pins};
-    if (run) {
-      run_op(name, seq, t, traced, run);
+  // Runs while the queue holds the op's Work (or run_claimed's caller does): `q` outlives it.
+  auto task = [this, q = op.get()] {
+    if (q->run) {
+      run_op(q->op_name(), q->seq(), q->timeout, q->traced, q->run);
     } else {
-      run_op(name, seq, t, traced, [&](const OpContext& ctx, const Deadline& dl) { body(*algo_, ctx, dl); });
+      run_op(q->op_name(), q->seq(), q->timeout, q->traced,
+             [&](const OpContext& ctx, const Deadline& dl) { q->body(*algo_, ctx, dl); });
     }
   };
+  c10::intrusive_ptr<RingWork> work = std::move(op);
   // Claiming or queueing under mu_ keeps queue order equal to sequence order; the op itself
   // runs without mu_, so other threads can issue ops (they queue behind it) meanwhile.
   // (Not for CUDA ops: the caller's thread only queues them, and its stream waits for them.)
@@ -137,8 +148,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const cha
   if (!on_cuda) work->run_on_wait();
   try {
     // An async host op may wait for its wait() to run it (see OpQueue::push).
-    queue_.push(work, std::function<void()>(std::move(task)), /*deferrable=*/async_op && !on_cuda,
-                issued_at);
+    queue_.push(work, std::function<void()>(task), /*deferrable=*/async_op && !on_cuda, issued_at);
   } catch (...) {
     --next_seq_;  // never issued: later ops keep the numbers the other ranks give them
     flight_->withdraw(seq);

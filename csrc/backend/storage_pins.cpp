@@ -1,26 +1,38 @@
 #include "backend/storage_pins.h"
 
 #include <mutex>
-#include <unordered_map>
+#include <vector>
 
 namespace ringreduce {
 
 namespace {
 
 struct Pin {
+  const c10::StorageImpl* storage = nullptr;
   int count = 0;
   bool was_resizable = false;
 };
 
-// Per storage: how many live StoragePins hold it, and whether it was resizable before the first.
+// Per pinned storage: how many live StoragePins hold it, and whether it was resizable before the
+// first. A flat list: only the storages of ops in flight are in it (one or two per op, a handful
+// of ops), where a hash map's node per pin cost an allocation per async op.
 std::mutex& pins_mu() {
   static std::mutex mu;
   return mu;
 }
 
-std::unordered_map<const c10::StorageImpl*, Pin>& pins() {
-  static auto* m = new std::unordered_map<const c10::StorageImpl*, Pin>();  // outlives exit
-  return *m;
+std::vector<Pin>& pins() {
+  static auto* v = new std::vector<Pin>();  // outlives exit
+  return *v;
+}
+
+Pin& pin_of(const c10::StorageImpl* impl) {
+  std::vector<Pin>& v = pins();
+  for (Pin& p : v) {
+    if (p.storage == impl) return p;
+  }
+  v.push_back(Pin{impl});
+  return v.back();
 }
 
 }  // namespace
@@ -60,7 +72,7 @@ StoragePins::StoragePins(std::initializer_list<const std::vector<at::Tensor>*> l
       bool seen = false;
       for (const c10::Storage& mine : storages_) seen = seen || mine.unsafeGetStorageImpl() == impl;
       if (seen) continue;
-      Pin& p = pins()[impl];
+      Pin& p = pin_of(impl);
       if (p.count++ == 0) {
         p.was_resizable = impl->resizable();
         impl->set_resizable(false);
@@ -72,13 +84,17 @@ StoragePins::StoragePins(std::initializer_list<const std::vector<at::Tensor>*> l
 
 StoragePins::~StoragePins() {
   std::lock_guard<std::mutex> lock(pins_mu());
+  std::vector<Pin>& v = pins();
   for (const c10::Storage& s : storages_) {
     c10::StorageImpl* impl = s.unsafeGetStorageImpl();
-    auto it = pins().find(impl);
-    if (it == pins().end()) continue;
-    if (--it->second.count == 0) {
-      impl->set_resizable(it->second.was_resizable);
-      pins().erase(it);
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (v[i].storage != impl) continue;
+      if (--v[i].count == 0) {
+        impl->set_resizable(v[i].was_resizable);
+        v[i] = v.back();
+        v.pop_back();
+      }
+      break;
     }
   }
 }

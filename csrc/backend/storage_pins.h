@@ -13,6 +13,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <c10/util/SmallVector.h>
 
 #include <vector>
 
@@ -33,7 +34,7 @@ class StoragePins {
   StoragePins& operator=(const StoragePins&) = delete;
 
  private:
-  std::vector<c10::Storage> storages_;
+  c10::SmallVector<c10::Storage, 2> storages_;  // an op pins one or two: no allocation
 };
 
 }  // namespace ringreduce

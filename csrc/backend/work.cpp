@@ -104,6 +104,7 @@ int RingWork::sourceRank() const {
 std::vector<at::Tensor> RingWork::result() { return outputs_; }
 
 void RingWork::complete(std::exception_ptr error) {
+  pins_.reset();
   // The future first, then the Work: whoever returns from wait() may read the future's value at
   // once (torch's own backends order it the same way). Its callbacks run here, on this thread.
   c10::intrusive_ptr<c10::ivalue::Future> f;

@@ -14,14 +14,18 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
+
+#include "backend/storage_pins.h"
 
 namespace ringreduce {
 
 struct QueueState;
 
-class RingWork final : public c10d::Work {
+// Not final: a queued op's Work is the op too (see issue.cpp), one allocation for both.
+class RingWork : public c10d::Work {
  public:
   // `queue`: the state of the group's op queue, whose progress thread completes queued ops; a
   // wait on that thread runs them itself (see run_queued_here_until).
@@ -32,13 +36,19 @@ class RingWork final : public c10d::Work {
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   std::vector<at::Tensor> result() override;
+  const std::vector<at::Tensor>& outputs() const { return outputs_; }
   uint64_t getSequencenumber() const override { return seq_; }
   // The rank a receive's data came from (recvAnysource); set before complete().
   int sourceRank() const override;
   void set_source_rank(int r) { source_rank_.store(r); }
 
-  // Called once, by the progress thread. `error` is null on success.
+  // Called once, by the progress thread. `error` is null on success. Unpins first (see pin()).
   void complete(std::exception_ptr error);
+
+  // An op that may still touch these tensors after its call returns (an async host op) keeps
+  // their storages in place until it completes (see StoragePins): before its Work completes, so
+  // that a resize_ after wait() works, and also when the op is cancelled before it ran.
+  void pin(std::initializer_list<const std::vector<at::Tensor>*> lists) { pins_.emplace(lists); }
 
   // A queued host op: a wait() that finds it not started yet runs it (and the ops queued before
   // it) on the waiting thread instead of waking the progress thread for it.
@@ -63,6 +73,7 @@ class RingWork final : public c10d::Work {
   bool run_on_wait_ = false;
   std::atomic<int64_t> pushed_at_ns_{0};  // 0: not set, or its wait() has been noted
   std::atomic<int> source_rank_{-1};
+  std::optional<StoragePins> pins_;  // set before the op is queued, reset by complete()
   // The future is made when someone asks for it (DDP, comm hooks, torch.compile's functional
   // collectives do; a plain dist.all_reduce does not): making and completing one is most of what
   // a small op costs this layer. Whichever of getFuture() and complete() comes second completes
