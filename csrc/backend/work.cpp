@@ -44,7 +44,7 @@ bool RingWork::wait(std::chrono::milliseconds timeout) {
     // A future callback waiting for an op of its group: run the queue here rather than wait for
     // the thread we are on.
     run_queued_here_until(*queue_, *this);
-  } else if (run_on_wait_ && timeout == kNoTimeout && !isCompleted()) {
+  } else if (run_on_wait_ && timeout == kNoTimeout && !ended_.load(std::memory_order_acquire)) {
     // An async op waited for before the progress thread took it (the functional collectives,
     // `work = all_reduce(..., async_op=True); work.wait()`): this thread runs it, after what was
     // queued before it, as a synchronous op runs. The thread hand-off would cost more than a
@@ -55,15 +55,18 @@ bool RingWork::wait(std::chrono::milliseconds timeout) {
   } else if (run_on_wait_ && !isCompleted()) {
     start_now(*queue_, *this);  // left to the progress thread: a deferred op starts now
   }
-  std::unique_lock<std::mutex> lock(mutex_);
-  if (timeout == kNoTimeout) {
-    cv_.wait(lock, [this] { return completed_; });
-  } else if (!cv_.wait_for(lock, timeout, [this] { return completed_; })) {
-    C10_THROW_ERROR(DistBackendError,
-                    detail::cat(op_prefix(op_name_, seq_, rank_),
-                                "Timed out in Work.wait after ", timeout.count(),
-                                " ms; the op is still running and keeps its own deadline"));
+  if (!ended_.load(std::memory_order_acquire)) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (timeout == kNoTimeout) {
+      cv_.wait(lock, [this] { return completed_; });
+    } else if (!cv_.wait_for(lock, timeout, [this] { return completed_; })) {
+      C10_THROW_ERROR(DistBackendError,
+                      detail::cat(op_prefix(op_name_, seq_, rank_),
+                                  "Timed out in Work.wait after ", timeout.count(),
+                                  " ms; the op is still running and keeps its own deadline"));
+    }
   }
+  // Set before completed_ (finish) and ended_ (its release store, or the lock above): read safely.
   if (exception_) std::rethrow_exception(exception_);
   return true;
 }
@@ -116,6 +119,7 @@ void RingWork::complete(std::exception_ptr error) {
   }
   if (f) settle(*f, outputs_, error);
   finish(error);
+  ended_.store(true, std::memory_order_release);
 }
 
 std::exception_ptr as_dist_error(std::exception_ptr e) {

@@ -34,6 +34,12 @@ class RingWork : public c10d::Work {
            std::vector<c10::Device> devices = {});
 
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  // A flag set once the Work has completed answers without the Work's lock (a small op's wait()
+  // asks up to three times); it is set just after the waiters are woken, so while it is not, the
+  // Work's own state answers.
+  bool isCompleted() override {
+    return ended_.load(std::memory_order_acquire) || c10d::Work::isCompleted();
+  }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   std::vector<at::Tensor> result() override;
   const std::vector<at::Tensor>& outputs() const { return outputs_; }
@@ -74,6 +80,7 @@ class RingWork : public c10d::Work {
   std::atomic<int64_t> pushed_at_ns_{0};  // 0: not set, or its wait() has been noted
   std::atomic<int> source_rank_{-1};
   std::optional<StoragePins> pins_;  // set before the op is queued, reset by complete()
+  std::atomic<bool> ended_{false};    // set by complete() once the Work has completed
   // The future is made when someone asks for it (DDP, comm hooks, torch.compile's functional
   // collectives do; a plain dist.all_reduce does not): making and completing one is most of what
   // a small op costs this layer. Whichever of getFuture() and complete() comes second completes
