@@ -266,3 +266,41 @@ def test_a_deferred_async_op_starts_when_its_caller_does_not_run_it(ranks, backe
         pytest.skip("ringreduce's call path")
     env = {"RINGREDUCE_ASYNC_START_US": str(int(_DELAY_S * 1e6))}
     harness.check_results(ranks(2, env=env).run(_rank_deferred, timeout=120))
+
+
+def _rank_moved_before_wait(ctx):
+    import torch
+    import torch.distributed as dist
+
+    n, r = ctx.world_size, ctx.rank
+    g = dist.new_group(backend="ringreduce")
+    failures = []
+    total = float(n * (n + 1) // 2)
+    t = torch.ones(64)
+    for _ in range(8):  # prompt waits: the group defers its next async op to its wait()
+        dist.all_reduce(t, group=g, async_op=True).wait()
+    # share_memory_ moves a storage's memory in place (no storage pin can stop it) while the op
+    # waits for its wait(): the op works on the memory the storage has when it runs, and unpinning
+    # it afterwards leaves it as torch needs a shared storage (not resizable: it has no allocator).
+    for shape in [(1000,), (7, 33)]:
+        t = torch.full(shape, float(r + 1))
+        w = dist.all_reduce(t, group=g, async_op=True)
+        t.share_memory_()
+        w.wait()
+        if not (t.is_shared() and torch.equal(t, torch.full(shape, total))):
+            failures.append(f"rank {r}: {shape}: moved into shared memory before wait(): "
+                            f"{t.flatten()[:3].tolist()}, expected {total}")
+        try:
+            t.resize_(4000)
+            failures.append(f"rank {r}: a shared storage became resizable")
+        except RuntimeError:
+            pass
+    dist.destroy_process_group(g)
+    return failures, {}
+
+
+def test_an_async_op_finds_its_tensor_moved_into_shared_memory(ranks, backend):
+    if backend != "ringreduce":
+        pytest.skip("ringreduce's call path")
+    env = {"RINGREDUCE_ASYNC_START_US": str(int(_DELAY_S * 1e6))}
+    harness.check_results(ranks(2, env=env).run(_rank_moved_before_wait, timeout=120))

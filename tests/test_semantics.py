@@ -630,6 +630,16 @@ def _rank_storage_changed_under_async_ops(ctx):
     w = dist.isend(buf, peer) if r % 2 == 0 else dist.irecv(buf, peer)
     buf.set_(torch.zeros(2))
     w.wait()
+    # Once its op has completed, a Work the caller keeps holds none of the op's tensors: the
+    # input's storage has as many references with the Work as after it is gone.
+    x = torch.full((1 << 16,), float(r))
+    out = torch.empty((1 << 16) * n)
+    w = dist.all_gather_into_tensor(out, x, async_op=True)
+    w.wait()
+    uses = torch._C._storage_Use_Count(x.untyped_storage()._cdata)
+    del w
+    report["input refs kept by a completed Work"] = uses - torch._C._storage_Use_Count(
+        x.untyped_storage()._cdata)
     t = torch.ones(7)
     dist.all_reduce(t)  # the group still works
     report["after"] = t.tolist()
@@ -645,4 +655,5 @@ def test_storage_replaced_or_resized_under_an_async_op(ranks, backend):
         assert rep["set_"] == [0.0, 0.0, 0.0], rep
         assert "not resizable" in rep["resize_"], (rank, rep["resize_"])
         assert rep["result"] == (total, total), (rank, rep)
+        assert rep["input refs kept by a completed Work"] == 0, (rank, rep)
         assert rep["after"] == [float(n)] * 7, (rank, rep)

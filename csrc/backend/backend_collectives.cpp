@@ -168,11 +168,17 @@ c10::intrusive_ptr<c10d::Work> RingBackend::ordered_allreduce(const at::Tensor& 
 #endif
 
 RingBackend::Body RingBackend::pinned_allreduce_body(const at::Tensor& t, DType d, const Reduction& red) {
-  void* data = t.data_ptr();
+  // Its storage and its place in it, taken at the call: a set_ of the caller's tensor before
+  // wait() changes neither. The address is read from the storage when the op runs, as torch may
+  // move a storage's memory in place (share_memory_, which no pin prevents) while the op waits.
+  c10::Storage storage = t.storage();
+  const size_t offset = static_cast<size_t>(t.storage_offset()) * t.element_size();
   const size_t count = static_cast<size_t>(t.numel());
   const RedOp op = red.op;
   const int64_t divisor = red.divisor;
-  return [data, count, d, op, divisor](Collectives& algo, const OpContext& ctx, const Deadline& dl) {
+  return [storage = std::move(storage), offset, count, d, op, divisor](
+             Collectives& algo, const OpContext& ctx, const Deadline& dl) {
+    void* data = static_cast<char*>(storage.mutable_data()) + offset;
     algo.allreduce(data, data, count, d, op, divisor, ctx, dl);
   };
 }

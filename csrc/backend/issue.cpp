@@ -73,6 +73,13 @@ class QueuedOp final : public RingWork {
   std::function<void(const OpContext&, const Deadline&)> run;  // a CUDA op's (CudaSide::prepare)
   std::chrono::milliseconds timeout{0};
   std::string traced;  // what a TRACE line says of the op; empty when none is written
+
+ private:
+  // Called by complete(), after the body has returned (or never ran): its tensors go with it.
+  void release_op() override {
+    body = nullptr;
+    run = nullptr;
+  }
 };
 
 }  // namespace
@@ -99,60 +106,69 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const cha
   const uint64_t seq = next_seq_++;
   // One clock read for its issue: the flight record's, and a deferred op's (OpQueue::push).
   const Clock::time_point issued_at = Clock::now();
-  if (flight_->capacity() != 0) {
+  const bool recorded = flight_->capacity() != 0;
+  if (recorded) {
     const std::vector<int64_t>& dims = dims_of(outputs);
     flight_->issued(seq, name, dims.data(), dims.size(),
                     outputs.empty() ? "" : c10::toString(outputs[0].scalar_type()), issued_at);
   }
-  // A CUDA op's wait() blocks the host until the op is done on the device too (see cuda_side.h).
-  auto op = c10::make_intrusive<QueuedOp>(rank_, type, name, seq, std::move(outputs), queue_.state(),
-                                          on_cuda ? std::vector<c10::Device>{*device}
-                                                  : std::vector<c10::Device>{});
-  // An async op's caller may replace or grow its tensors' storages before wait(); the op keeps
-  // them in place until it ends (a CUDA op's memory is the caching allocator's business).
-  if (async_op && !on_cuda) op->pin({&op->outputs(), &inputs});
-  op->body = std::move(body);
-  op->run = std::move(run);
-  op->timeout = timeout == c10d::kUnsetTimeout ? timeout_ : timeout;
-  if (log::enabled(log::Level::Trace)) {
-    const std::vector<at::Tensor>& outs = op->outputs();
-    op->traced = outs.empty() ? detail::cat(name, " #", seq)
-                              : detail::cat(name, " #", seq, " ", outs[0].sizes(), " ", outs[0].scalar_type());
-    log::write(log::Level::Trace, rank_, detail::cat(op->traced, ": issued", async_op ? " (async)" : ""));
-  }
-  // Runs while the queue holds the op's Work (or run_claimed's caller does): `q` outlives it.
-  auto task = [this, q = op.get()] {
-    if (q->run) {
-      run_op(q->op_name(), q->seq(), q->timeout, q->traced, q->run);
-    } else {
-      run_op(q->op_name(), q->seq(), q->timeout, q->traced,
-             [&](const OpContext& ctx, const Deadline& dl) { q->body(*algo_, ctx, dl); });
-    }
-  };
-  c10::intrusive_ptr<RingWork> work = std::move(op);
-  // Claiming or queueing under mu_ keeps queue order equal to sequence order; the op itself
-  // runs without mu_, so other threads can issue ops (they queue behind it) meanwhile.
-  // (Not for CUDA ops: the caller's thread only queues them, and its stream waits for them.)
-  // In a group of one an async op runs here too (nothing can keep it waiting) and returns
-  // completed. In larger groups it never runs at its call: the caller may go on to ops of other
-  // groups, in an order that differs from rank to rank (torch allows that), and an op run here
-  // would block it until the peers reach this group's op, which they may do only after this rank
-  // has reached theirs. Its wait() runs it instead, if the progress thread has not started it
-  // (and the progress thread is not even woken for it while the group's callers wait promptly).
-  const bool inline_ok = !on_cuda && (!async_op || size_ == 1);
-  if (inline_ok && queue_.try_claim()) {
-    lock.unlock();
-    queue_.run_claimed(work, task);
-    return work;
-  }
-  if (!on_cuda) work->run_on_wait();
+  c10::intrusive_ptr<RingWork> work;
+  std::function<void()> task;
+  bool claimed = false;
   try {
-    // An async host op may wait for its wait() to run it (see OpQueue::push).
-    queue_.push(work, std::function<void()>(task), /*deferrable=*/async_op && !on_cuda, issued_at);
+    // A CUDA op's wait() blocks the host until the op is done on the device too (see cuda_side.h).
+    auto op = c10::make_intrusive<QueuedOp>(rank_, type, name, seq, std::move(outputs), queue_.state(),
+                                            on_cuda ? std::vector<c10::Device>{*device}
+                                                    : std::vector<c10::Device>{});
+    // An async op's caller may replace or grow its tensors' storages before wait(); the op keeps
+    // them in place until it ends (a CUDA op's memory is the caching allocator's business).
+    if (async_op && !on_cuda) op->pin({&op->outputs(), &inputs});
+    op->body = std::move(body);
+    op->run = std::move(run);
+    op->timeout = timeout == c10d::kUnsetTimeout ? timeout_ : timeout;
+    if (log::enabled(log::Level::Trace)) {
+      const std::vector<at::Tensor>& outs = op->outputs();
+      op->traced = outs.empty() ? detail::cat(name, " #", seq)
+                                : detail::cat(name, " #", seq, " ", outs[0].sizes(), " ", outs[0].scalar_type());
+      log::write(log::Level::Trace, rank_, detail::cat(op->traced, ": issued", async_op ? " (async)" : ""));
+    }
+    // Runs while the queue holds the op's Work (or run_claimed's caller does): `q` outlives it.
+    task = [this, q = op.get()] {
+      if (q->run) {
+        run_op(q->op_name(), q->seq(), q->timeout, q->traced, q->run);
+      } else {
+        run_op(q->op_name(), q->seq(), q->timeout, q->traced,
+               [&](const OpContext& ctx, const Deadline& dl) { q->body(*algo_, ctx, dl); });
+      }
+    };
+    work = std::move(op);
+    // Claiming or queueing under mu_ keeps queue order equal to sequence order; the op itself
+    // runs without mu_, so other threads can issue ops (they queue behind it) meanwhile.
+    // (Not for CUDA ops: the caller's thread only queues them, and its stream waits for them.)
+    // In a group of one an async op runs here too (nothing can keep it waiting) and returns
+    // completed. In larger groups it never runs at its call: the caller may go on to ops of other
+    // groups, in an order that differs from rank to rank (torch allows that), and an op run here
+    // would block it until the peers reach this group's op, which they may do only after this
+    // rank has reached theirs. Its wait() runs it instead, if the progress thread has not started
+    // it (and the progress thread is not even woken for it while the group's callers wait
+    // promptly).
+    const bool inline_ok = !on_cuda && (!async_op || size_ == 1);
+    claimed = inline_ok && queue_.try_claim();
+    if (!claimed) {
+      if (!on_cuda) work->run_on_wait();
+      // An async host op may wait for its wait() to run it (see OpQueue::push).
+      queue_.push(work, task, /*deferrable=*/async_op && !on_cuda, issued_at);
+    }
   } catch (...) {
-    --next_seq_;  // never issued: later ops keep the numbers the other ranks give them
-    flight_->withdraw(seq);
+    // Never issued: later ops keep the numbers the other ranks give them.
+    --next_seq_;
+    if (recorded) flight_->withdraw(seq);
     throw;
+  }
+  if (claimed) {
+    lock.unlock();
+    queue_.run_claimed(work, task);  // the op's own failure is its Work's, not thrown
+    return work;
   }
   if (queue_.on_progress_thread()) {
     // Issued by a future callback: run it (after the ops queued before it) before returning, or

@@ -173,9 +173,9 @@ class RingBackend final : public c10d::Backend {
   // checked (tensor_checks.h), with the dtype and reduction the checks returned, and checks
   // nothing again.
   Body allreduce_body(const at::Tensor& t, DType d, const Reduction& red);
-  // The same for one dense contiguous CPU tensor of an async op, reduced in place at the pointer
-  // it has at the call: only while the op's storage pins (enqueue's, for an async host op) keep
-  // that memory alive and in place. No PREMUL_SUM.
+  // The same for one dense contiguous CPU tensor of an async op, reduced in place in the storage
+  // and at the offset it has at the call, with no tensor of its own: only under the op's storage
+  // pins (enqueue's, for an async host op), which stop that memory from growing. No PREMUL_SUM.
   Body pinned_allreduce_body(const at::Tensor& t, DType d, const Reduction& red);
   // What an inference loop's and a plain dist.all_reduce's call is: one dense contiguous CPU
   // tensor reduced in place, waited for at once. When the group is idle it runs here, as a

@@ -1,6 +1,8 @@
 #include "backend/storage_pins.h"
 
 #include <mutex>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace ringreduce {
@@ -8,31 +10,54 @@ namespace ringreduce {
 namespace {
 
 struct Pin {
-  const c10::StorageImpl* storage = nullptr;
   int count = 0;
   bool was_resizable = false;
 };
 
 // Per pinned storage: how many live StoragePins hold it, and whether it was resizable before the
-// first. A flat list: only the storages of ops in flight are in it (one or two per op, a handful
-// of ops), where a hash map's node per pin cost an allocation per async op.
+// first. Only the storages of ops in flight are here: usually a handful, kept in a flat list (a
+// hash map's node per pin cost an allocation per async op); past kFlat of them (a caller that
+// issues an op per parameter before waiting) the rest go to a map, so that a lookup stays cheap.
+constexpr size_t kFlat = 32;
+
+struct Registry {
+  std::vector<std::pair<const c10::StorageImpl*, Pin>> flat;
+  std::unordered_map<const c10::StorageImpl*, Pin> more;
+
+  Registry() { flat.reserve(kFlat); }
+
+  Pin* find(const c10::StorageImpl* impl) {
+    for (auto& e : flat) {
+      if (e.first == impl) return &e.second;
+    }
+    if (more.empty()) return nullptr;
+    auto it = more.find(impl);
+    return it == more.end() ? nullptr : &it->second;
+  }
+  Pin& get(const c10::StorageImpl* impl) {
+    if (Pin* p = find(impl)) return *p;
+    if (flat.size() < kFlat) return flat.emplace_back(impl, Pin{}).second;
+    return more[impl];
+  }
+  void erase(const c10::StorageImpl* impl) {
+    for (size_t i = 0; i < flat.size(); ++i) {
+      if (flat[i].first != impl) continue;
+      flat[i] = flat.back();
+      flat.pop_back();
+      return;
+    }
+    more.erase(impl);
+  }
+};
+
 std::mutex& pins_mu() {
   static std::mutex mu;
   return mu;
 }
 
-std::vector<Pin>& pins() {
-  static auto* v = new std::vector<Pin>();  // outlives exit
-  return *v;
-}
-
-Pin& pin_of(const c10::StorageImpl* impl) {
-  std::vector<Pin>& v = pins();
-  for (Pin& p : v) {
-    if (p.storage == impl) return p;
-  }
-  v.push_back(Pin{impl});
-  return v.back();
+Registry& pins() {
+  static auto* r = new Registry();  // outlives exit
+  return *r;
 }
 
 }  // namespace
@@ -63,38 +88,47 @@ std::vector<std::vector<at::Tensor>> held(const std::vector<std::vector<at::Tens
 
 StoragePins::StoragePins(std::initializer_list<const std::vector<at::Tensor>*> lists) {
   std::lock_guard<std::mutex> lock(pins_mu());
-  for (const std::vector<at::Tensor>* list : lists) {
-    for (const at::Tensor& t : *list) {
-      if (!t.defined() || !t.has_storage()) continue;
-      c10::Storage s = t.storage();
-      c10::StorageImpl* impl = s.unsafeGetStorageImpl();
-      if (impl == nullptr) continue;
-      bool seen = false;
-      for (const c10::Storage& mine : storages_) seen = seen || mine.unsafeGetStorageImpl() == impl;
-      if (seen) continue;
-      Pin& p = pin_of(impl);
-      if (p.count++ == 0) {
-        p.was_resizable = impl->resizable();
-        impl->set_resizable(false);
+  try {
+    for (const std::vector<at::Tensor>* list : lists) {
+      for (const at::Tensor& t : *list) {
+        if (!t.defined() || !t.has_storage()) continue;
+        c10::Storage s = t.storage();
+        c10::StorageImpl* impl = s.unsafeGetStorageImpl();
+        if (impl == nullptr) continue;
+        bool seen = false;
+        for (const c10::Storage& mine : storages_) seen = seen || mine.unsafeGetStorageImpl() == impl;
+        if (seen) continue;
+        storages_.push_back(s);  // first: what release() gives back is exactly what is held
+        Pin& p = pins().get(impl);
+        if (p.count++ == 0) {
+          p.was_resizable = impl->resizable();
+          impl->set_resizable(false);
+        }
       }
-      storages_.push_back(std::move(s));
     }
+  } catch (...) {
+    // No destructor runs for a constructor that throws: what was pinned is given back here.
+    release();
+    throw;
   }
 }
 
 StoragePins::~StoragePins() {
   std::lock_guard<std::mutex> lock(pins_mu());
-  std::vector<Pin>& v = pins();
+  release();
+}
+
+void StoragePins::release() {
+  Registry& r = pins();
   for (const c10::Storage& s : storages_) {
     c10::StorageImpl* impl = s.unsafeGetStorageImpl();
-    for (size_t i = 0; i < v.size(); ++i) {
-      if (v[i].storage != impl) continue;
-      if (--v[i].count == 0) {
-        impl->set_resizable(v[i].was_resizable);
-        v[i] = v.back();
-        v.pop_back();
-      }
-      break;
+    Pin* p = r.find(impl);
+    if (p == nullptr) continue;  // its registry entry was never made (the constructor threw)
+    if (--p->count == 0) {
+      // Resizable again as it was, if it still can be: a storage moved into shared memory
+      // meanwhile (share_memory_) has no allocator to grow with, and torch asserts one.
+      impl->set_resizable(p->was_resizable && impl->allocator() != nullptr);
+      r.erase(impl);
     }
   }
 }

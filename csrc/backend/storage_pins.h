@@ -34,6 +34,7 @@ class StoragePins {
   StoragePins& operator=(const StoragePins&) = delete;
 
  private:
+  void release();  // under the registry's lock
   c10::SmallVector<c10::Storage, 2> storages_;  // an op pins one or two: no allocation
 };
 

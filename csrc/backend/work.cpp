@@ -108,6 +108,7 @@ std::vector<at::Tensor> RingWork::result() { return outputs_; }
 
 void RingWork::complete(std::exception_ptr error) {
   pins_.reset();
+  release_op();
   // The future first, then the Work: whoever returns from wait() may read the future's value at
   // once (torch's own backends order it the same way). Its callbacks run here, on this thread.
   c10::intrusive_ptr<c10::ivalue::Future> f;

@@ -48,7 +48,8 @@ class RingWork : public c10d::Work {
   int sourceRank() const override;
   void set_source_rank(int r) { source_rank_.store(r); }
 
-  // Called once, by the progress thread. `error` is null on success. Unpins first (see pin()).
+  // Called once, by whichever thread ran the op (or cancelled it). `error` is null on success.
+  // Unpins first (see pin()) and lets the op's own state go (release_op()).
   void complete(std::exception_ptr error);
 
   // An op that may still touch these tensors after its call returns (an async host op) keeps
@@ -68,6 +69,11 @@ class RingWork : public c10d::Work {
   const char* op_name() const { return op_name_; }
   uint64_t seq() const { return seq_; }
   int rank() const { return rank_; }
+
+ protected:
+  // What a subclass holds only for running the op (a queued op's body and the tensors it
+  // captured), dropped when the op completes: the caller may keep the Work long after.
+  virtual void release_op() {}
 
  private:
   const char* op_name_;
