@@ -189,9 +189,10 @@ def test_ops_run_at_their_call(ranks, backend, world):
     harness.check_results(ranks(world).run(_rank_run_at_call, timeout=120))
 
 
-# The start delay of the pool below: long, so that an op the timer starts and one started at once
-# differ by far more than any scheduling delay.
+# The start delay of the pools below: long, so that an op the timer starts and one started at once
+# differ by far more than any scheduling delay, and a deferred op waits for its wait().
 _DELAY_S = 1.0
+_LONG_DELAY = {"RINGREDUCE_ASYNC_START_US": str(int(_DELAY_S * 1e6))}
 
 
 def _rank_deferred(ctx):
@@ -264,8 +265,7 @@ def _rank_deferred(ctx):
 def test_a_deferred_async_op_starts_when_its_caller_does_not_run_it(ranks, backend):
     if backend != "ringreduce":
         pytest.skip("ringreduce's call path")
-    env = {"RINGREDUCE_ASYNC_START_US": str(int(_DELAY_S * 1e6))}
-    harness.check_results(ranks(2, env=env).run(_rank_deferred, timeout=120))
+    harness.check_results(ranks(2, env=_LONG_DELAY).run(_rank_deferred, timeout=120))
 
 
 def _rank_moved_before_wait(ctx):
@@ -302,5 +302,4 @@ def _rank_moved_before_wait(ctx):
 def test_an_async_op_finds_its_tensor_moved_into_shared_memory(ranks, backend):
     if backend != "ringreduce":
         pytest.skip("ringreduce's call path")
-    env = {"RINGREDUCE_ASYNC_START_US": str(int(_DELAY_S * 1e6))}
-    harness.check_results(ranks(2, env=env).run(_rank_moved_before_wait, timeout=120))
+    harness.check_results(ranks(2, env=_LONG_DELAY).run(_rank_moved_before_wait, timeout=120))

@@ -81,35 +81,30 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allreduce(std::vector<at::Tensor>& t
   }
   const char* name = "allreduce";
   if (tensors_arg.size() == 1 && opts.reduceOp.op_ != c10d::ReduceOp::PREMUL_SUM &&
-      tensors_arg[0].defined() && tensors_arg[0].layout() == at::kStrided &&
-      tensors_arg[0].device().is_cpu() && tensors_arg[0].is_contiguous()) {
+      dense_cpu(tensors_arg[0])) {
     // One dense contiguous CPU tensor, the call of a plain dist.all_reduce, of its async form and
     // of the functional collectives. (PREMUL_SUM takes the path below: its factor is checked once.)
     const at::Tensor& t = tensors_arg[0];
     const DType d = checked_dtype(t, name, rank_);
     const Reduction red = checked_reduction(opts.reduceOp, d, name, rank_, size_);
-    if (!opts.asyncOp || size_ == 1) {
-      // The caller waits at once, or the group is this rank alone (where an async op runs at its
-      // call too, see enqueue()): on an idle group it runs here (allreduce_inline), and its Work
-      // is made complete, carrying the op's error for wait() as enqueue()'s inline run does. It
-      // needs no tensors of its own and no storage pins, which only an op still running after
-      // its call does. A busy group queues it below.
-      uint64_t seq = 0;
-      std::exception_ptr error;
-      if (allreduce_inline(t, d, red, opts.timeout, &seq, &error)) {
-        auto work = c10::make_intrusive<RingWork>(rank_, c10d::OpType::ALLREDUCE, name, seq,
-                                                  std::vector<at::Tensor>{t}, queue_.state());
-        work->complete(error);
-        return work;
-      }
-    } else {
-      // Async: queued, in place at the memory the tensor has now, which the op's storage pins
-      // keep alive and in place (enqueue pins the caller's tensor). The op needs no tensor of
-      // its own (held()) to be safe from a set_ before wait(): it reads nothing from the tensor
-      // once issued.
-      return enqueue(c10d::OpType::ALLREDUCE, name, t.device(), {t}, {}, opts.timeout,
-                     /*async_op=*/true, pinned_allreduce_body(t, d, red));
+    uint64_t seq = 0;
+    std::exception_ptr error;
+    // The caller waits at once, or the group is this rank alone (where an async op runs at its
+    // call too, see enqueue()): on an idle group it runs here (allreduce_inline), and its Work is
+    // made complete, carrying the op's error for wait() as enqueue()'s inline run does. It needs
+    // no tensors of its own and no storage pins, which only an op still running after its call
+    // does.
+    if ((!opts.asyncOp || size_ == 1) && allreduce_inline(t, d, red, opts.timeout, &seq, &error)) {
+      auto work = c10::make_intrusive<RingWork>(rank_, c10d::OpType::ALLREDUCE, name, seq,
+                                                std::vector<at::Tensor>{t}, queue_.state());
+      work->complete(error);
+      return work;
     }
+    // Queued (async, or a busy group). An async op works in place in the storage the tensor has
+    // now, which its pins keep from growing (enqueue pins the caller's tensor): it needs no
+    // tensor of its own (held()) to be safe from a set_ before wait().
+    return enqueue(c10d::OpType::ALLREDUCE, name, t.device(), {t}, {}, opts.timeout, opts.asyncOp,
+                   opts.asyncOp ? pinned_allreduce_body(t, d, red) : allreduce_body(t, d, red));
   }
   const auto tensors = held(tensors_arg, opts.asyncOp);
   at::Tensor t = single_tensor(tensors, name, rank_);

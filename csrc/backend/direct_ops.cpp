@@ -133,10 +133,10 @@ void all_gather_into_tensor_autograd(at::Tensor out, const at::Tensor& in, c10::
 // runs here with no Work (allreduce_inline); anything else takes allreduce() and waits.
 void RingBackend::allreduce_now(const at::Tensor& t, const c10d::AllreduceOptions& opts) {
   const char* name = "allreduce";
-  if (t.defined() && t.layout() == at::kStrided && t.device().is_cpu()) {
+  if (dense_cpu(t)) {
     const DType d = checked_dtype(t, name, rank_);
     const Reduction red = checked_reduction(opts.reduceOp, d, name, rank_, size_);
-    if (allreduce_inline(t, d, red, opts.timeout)) return;
+    if (!red.premul && allreduce_inline(t, d, red, opts.timeout)) return;
   }
   std::vector<at::Tensor> ts{t};
   c10d::AllreduceOptions sync = opts;

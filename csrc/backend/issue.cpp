@@ -183,10 +183,7 @@ bool RingBackend::allreduce_inline(const at::Tensor& t, DType d, const Reduction
                                    std::chrono::milliseconds timeout, uint64_t* issued_seq,
                                    std::exception_ptr* error) {
   const char* name = "allreduce";
-  if (red.premul || !t.defined() || t.layout() != at::kStrided || !t.device().is_cpu() ||
-      !t.is_contiguous()) {
-    return false;
-  }
+  TORCH_INTERNAL_ASSERT_DEBUG_ONLY(dense_cpu(t) && !red.premul);  // the callers' checks
   std::unique_lock<std::mutex> lock(mu_);
   if (!queue_.try_claim()) return false;
   const uint64_t seq = next_seq_++;

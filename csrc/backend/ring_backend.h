@@ -181,8 +181,8 @@ class RingBackend final : public c10d::Backend {
   // tensor reduced in place, waited for at once. When the group is idle it runs here, as a
   // synchronous op would through enqueue() (the same sequence number, flight record, deadline
   // and algorithm) but with no queued form of the op: no type-erased body, no Work until it has
-  // ended. Returns false, having issued nothing, where the tensor or a busy queue needs the
-  // queued path; `*issued_seq` (where given) is the op's number once it is issued. The op's
+  // ended. `t` is dense_cpu() and `red` no PREMUL_SUM (the callers check). Returns false, having
+  // issued nothing, where a busy queue needs the queued path; `*issued_seq` (where given) is the op's number once it is issued. The op's
   // failure (a DistBackendError, once the flight recorder has it) is stored in `*error`, or
   // thrown where `error` is null.
   bool allreduce_inline(const at::Tensor& t, DType d, const Reduction& red,

@@ -52,6 +52,10 @@ struct Reduction {
 // One CPU (or CUDA) tensor, strided, of a dtype ringreduce handles: anything else fails here, at
 // the call.
 at::Tensor single_tensor(const std::vector<at::Tensor>& tensors, const char* op, int rank);
+// A tensor an op can work on in place with no copy: dense, contiguous, on the CPU.
+inline bool dense_cpu(const at::Tensor& t) {
+  return t.defined() && t.layout() == at::kStrided && t.device().is_cpu() && t.is_contiguous();
+}
 DType checked_dtype(const at::Tensor& t, const char* op, int rank);
 Reduction checked_reduction(const c10d::ReduceOp& rop, DType d, const char* op, int rank, int size);
 void check_same_dtype(const at::Tensor& a, const at::Tensor& b, const char* op, int rank,
