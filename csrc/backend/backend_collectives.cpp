@@ -135,12 +135,13 @@ c10::intrusive_ptr<c10d::Work> RingBackend::ordered_allreduce(const at::Tensor& 
   // contribution into a tensor of the op's own. Both on the caller's stream, before the op.
   at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
   at::Tensor in = red.premul ? buf.mul(*red.premul) : buf;
+  const bool recorded = flight_->capacity() != 0;
+  const std::vector<int64_t>* dims = recorded ? &dims_of(t) : nullptr;  // may throw: before the number
   std::lock_guard<std::mutex> lock(mu_);
   const uint64_t seq = next_seq_++;
   const std::chrono::milliseconds limit = timeout == c10d::kUnsetTimeout ? timeout_ : timeout;
-  if (flight_->capacity() != 0) {
-    const std::vector<int64_t>& dims = dims_of(t);
-    flight_->issued_running(seq, name, dims.data(), dims.size(), c10::toString(t.scalar_type()),
+  if (recorded) {
+    flight_->issued_running(seq, name, dims->data(), dims->size(), c10::toString(t.scalar_type()),
                             Clock::now());
   }
   c10::intrusive_ptr<c10d::Work> work;
@@ -148,7 +149,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::ordered_allreduce(const at::Tensor& 
     work = cuda_->ordered_allreduce(name, seq, in, buf, t, d, red.op, limit);
   } catch (...) {
     --next_seq_;  // never issued: later ops keep the numbers the other ranks give them
-    flight_->withdraw(seq);
+    if (recorded) flight_->withdraw(seq);
     throw;
   }
   if (!buf.is_same(t)) {

@@ -102,14 +102,16 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const cha
     run = cuda_->prepare(name, *device, used, std::move(body));
   }
 #endif
+  // (Before the sequence number is taken: dims_of may throw, the record itself never does.)
+  const bool recorded = flight_->capacity() != 0;
+  const std::vector<int64_t>* dims = recorded ? &dims_of(outputs) : nullptr;
   std::unique_lock<std::mutex> lock(mu_);
   const uint64_t seq = next_seq_++;
   // One clock read for its issue: the flight record's, and a deferred op's (OpQueue::push).
   const Clock::time_point issued_at = Clock::now();
-  const bool recorded = flight_->capacity() != 0;
   if (recorded) {
-    const std::vector<int64_t>& dims = dims_of(outputs);
-    flight_->issued(seq, name, dims.data(), dims.size(),
+    // Under mu_, which serializes the group's issue records as the flight recorder needs.
+    flight_->issued(seq, name, dims->data(), dims->size(),
                     outputs.empty() ? "" : c10::toString(outputs[0].scalar_type()), issued_at);
   }
   c10::intrusive_ptr<RingWork> work;
@@ -184,20 +186,23 @@ bool RingBackend::allreduce_inline(const at::Tensor& t, DType d, const Reduction
                                    std::exception_ptr* error) {
   const char* name = "allreduce";
   TORCH_INTERNAL_ASSERT_DEBUG_ONLY(dense_cpu(t) && !red.premul);  // the callers' checks
+  // The shapes first: what can throw (a first, growing use of dims_of's buffer) comes before the
+  // claim, which nothing may leave held.
+  const bool recorded = flight_->capacity() != 0;
+  const std::vector<int64_t>* dims = recorded ? &dims_of(t) : nullptr;
   std::unique_lock<std::mutex> lock(mu_);
   if (!queue_.try_claim()) return false;
   const uint64_t seq = next_seq_++;
   if (issued_seq != nullptr) *issued_seq = seq;
   const std::chrono::milliseconds limit = timeout == c10d::kUnsetTimeout ? timeout_ : timeout;
+  // One clock read for its issue, its start and its deadline. The issue is recorded under mu_,
+  // which serializes the group's issue records as the flight recorder needs (and it never throws).
+  const Clock::time_point now = Clock::now();
+  if (recorded) {
+    flight_->issued_running(seq, name, dims->data(), dims->size(), c10::toString(t.scalar_type()), now);
+  }
   lock.unlock();
   auto run = [&] {
-    // One clock read for its issue, its start and its deadline. Recorded in here, where whatever
-    // throws releases the claim as the op's own failure does.
-    const Clock::time_point now = Clock::now();
-    if (flight_->capacity() != 0) {
-      const std::vector<int64_t>& dims = dims_of(t);
-      flight_->issued_running(seq, name, dims.data(), dims.size(), c10::toString(t.scalar_type()), now);
-    }
     std::string traced;
     if (log::enabled(log::Level::Trace)) {
       traced = detail::cat(name, " #", seq, " ", t.sizes(), " ", t.scalar_type());

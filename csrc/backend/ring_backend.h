@@ -20,7 +20,7 @@
 
 #include "backend/config.h"
 #include "backend/cuda_side.h"
-#include "backend/flight_recorder.h"
+#include "common/flight_recorder.h"
 #include "backend/op_queue.h"
 #include "backend/work.h"
 #include "common/deadline.h"
