@@ -135,14 +135,12 @@ c10::intrusive_ptr<c10d::Work> RingBackend::ordered_allreduce(const at::Tensor& 
   // contribution into a tensor of the op's own. Both on the caller's stream, before the op.
   at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
   at::Tensor in = red.premul ? buf.mul(*red.premul) : buf;
-  const bool recorded = flight_->capacity() != 0;
-  const std::vector<int64_t>* dims = recorded ? &dims_of(t) : nullptr;  // may throw: before the number
   std::lock_guard<std::mutex> lock(mu_);
   const uint64_t seq = next_seq_++;
   const std::chrono::milliseconds limit = timeout == c10d::kUnsetTimeout ? timeout_ : timeout;
+  const bool recorded = flight_->capacity() != 0;
   if (recorded) {
-    flight_->issued_running(seq, name, dims->data(), dims->size(), c10::toString(t.scalar_type()),
-                            Clock::now());
+    flight_->issued_running(seq, name, shapes_of(t), c10::toString(t.scalar_type()), Clock::now());
   }
   c10::intrusive_ptr<c10d::Work> work;
   try {

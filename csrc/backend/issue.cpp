@@ -102,16 +102,14 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const cha
     run = cuda_->prepare(name, *device, used, std::move(body));
   }
 #endif
-  // (Before the sequence number is taken: dims_of may throw, the record itself never does.)
-  const bool recorded = flight_->capacity() != 0;
-  const std::vector<int64_t>* dims = recorded ? &dims_of(outputs) : nullptr;
   std::unique_lock<std::mutex> lock(mu_);
   const uint64_t seq = next_seq_++;
   // One clock read for its issue: the flight record's, and a deferred op's (OpQueue::push).
   const Clock::time_point issued_at = Clock::now();
+  const bool recorded = flight_->capacity() != 0;
   if (recorded) {
     // Under mu_, which serializes the group's issue records as the flight recorder needs.
-    flight_->issued(seq, name, dims->data(), dims->size(),
+    flight_->issued(seq, name, shapes_of(outputs),
                     outputs.empty() ? "" : c10::toString(outputs[0].scalar_type()), issued_at);
   }
   c10::intrusive_ptr<RingWork> work;
@@ -186,20 +184,17 @@ bool RingBackend::allreduce_inline(const at::Tensor& t, DType d, const Reduction
                                    std::exception_ptr* error) {
   const char* name = "allreduce";
   TORCH_INTERNAL_ASSERT_DEBUG_ONLY(dense_cpu(t) && !red.premul);  // the callers' checks
-  // The shapes first: what can throw (a first, growing use of dims_of's buffer) comes before the
-  // claim, which nothing may leave held.
-  const bool recorded = flight_->capacity() != 0;
-  const std::vector<int64_t>* dims = recorded ? &dims_of(t) : nullptr;
   std::unique_lock<std::mutex> lock(mu_);
   if (!queue_.try_claim()) return false;
   const uint64_t seq = next_seq_++;
   if (issued_seq != nullptr) *issued_seq = seq;
   const std::chrono::milliseconds limit = timeout == c10d::kUnsetTimeout ? timeout_ : timeout;
   // One clock read for its issue, its start and its deadline. The issue is recorded under mu_,
-  // which serializes the group's issue records as the flight recorder needs (and it never throws).
+  // which serializes the group's issue records as the flight recorder needs; nothing here throws,
+  // so nothing can leave the claim held.
   const Clock::time_point now = Clock::now();
-  if (recorded) {
-    flight_->issued_running(seq, name, dims->data(), dims->size(), c10::toString(t.scalar_type()), now);
+  if (flight_->capacity() != 0) {
+    flight_->issued_running(seq, name, shapes_of(t), c10::toString(t.scalar_type()), now);
   }
   lock.unlock();
   auto run = [&] {

@@ -270,7 +270,6 @@ void OpQueue::run_claimed(const c10::intrusive_ptr<RingWork>& work,
 }
 
 void OpQueue::run_claimed(c10::function_ref<void()> body) {
-  at::NoGradGuard no_grad;
   if (std::exception_ptr error = run_and_release(*st_, body)) std::rethrow_exception(error);
 }
 

@@ -107,8 +107,10 @@ class OpQueue {
   bool try_claim();
   // (A function_ref: an op run here is never stored, so it needs no std::function of its own.)
   void run_claimed(const c10::intrusive_ptr<RingWork>& work, c10::function_ref<void()> body);
-  // The same for an op that no Work tracks (the direct ops'): its error, as a Work would carry
-  // it, is thrown here.
+  // The same for an op that no Work tracks (RingBackend::allreduce_inline's): its error, as a Work
+  // would carry it, is thrown here. Its body reaches its tensors through raw pointers only, which
+  // autograd never sees, so it runs without the NoGradGuard the other forms set up (two reads
+  // and writes of torch's thread-local autograd state, a tenth of the inline op's own code).
   void run_claimed(c10::function_ref<void()> body);
 
   void run_queued_here_until(const RingWork& work) { ringreduce::run_queued_here_until(*st_, work); }

@@ -8,16 +8,6 @@ namespace ringreduce {
 
 void fail(const std::string& msg) { C10_THROW_ERROR(DistBackendError, msg); }
 
-const std::vector<int64_t>& dims_of(at::ArrayRef<at::Tensor> ts) {
-  thread_local std::vector<int64_t> dims;
-  dims.clear();
-  for (const at::Tensor& t : ts) {
-    for (int64_t d : t.sizes()) dims.push_back(d);
-    dims.push_back(-1);
-  }
-  return dims;
-}
-
 std::optional<DType> core_dtype(at::ScalarType s) {
   switch (s) {
 #define RINGREDUCE_DTYPE_OF_SCALAR(tag, bytes, name, family, scalar, Kind) \

@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "common/flight_recorder.h"
 
 namespace ringreduce {
 
@@ -35,9 +37,19 @@ inline const char* cuda_build_note() {
 // Throws c10::DistBackendError (torch.distributed.DistBackendError in Python) with `msg`.
 [[noreturn]] void fail(const std::string& msg);
 
-// The shapes of an op's tensors for the flight recorder, each ended by -1, into a buffer this
-// thread reuses (no allocation per op once it has grown).
-const std::vector<int64_t>& dims_of(at::ArrayRef<at::Tensor> ts);
+// The shapes of an op's tensors for the flight recorder: pointers to the tensors' own sizes, valid
+// while the tensors are (no copy, no allocation).
+inline FlightRecorder::Shapes shapes_of(at::ArrayRef<at::Tensor> ts) {
+  FlightRecorder::Shapes sh;
+  sh.tensors = ts.size();
+  sh.shown = std::min(ts.size(), FlightRecorder::kShown);
+  for (size_t i = 0; i < sh.shown; ++i) {
+    const c10::IntArrayRef sizes = ts[i].sizes();
+    sh.dims[i] = sizes.data();
+    sh.ndim[i] = sizes.size();
+  }
+  return sh;
+}
 
 // The torch layer's one dtype dispatch point: at::ScalarType to the core's tag.
 std::optional<DType> core_dtype(at::ScalarType s);

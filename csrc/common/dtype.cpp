@@ -10,14 +10,7 @@ namespace ringreduce {
 // torch layer maps known types only), so size and predicates throw or say "no", and names return a
 // placeholder: they are used while building error messages and must not throw from there.
 
-size_t dtype_size(DType t) {
-  switch (t) {
-#define RINGREDUCE_DTYPE_SIZE(tag, bytes, name, family, scalar, Kind) \
-  case DType::tag:                                                     \
-    return bytes;
-    RINGREDUCE_DTYPES(RINGREDUCE_DTYPE_SIZE)
-#undef RINGREDUCE_DTYPE_SIZE
-  }
+void throw_unknown_dtype(DType t) {
   throw Error(detail::cat("ringreduce: unknown dtype tag ", static_cast<unsigned>(t)));
 }
 

@@ -51,7 +51,19 @@ constexpr DType kAllDTypes[] = {
 constexpr RedOp kAllRedOps[] = {RedOp::Sum, RedOp::Prod, RedOp::Min, RedOp::Max,
                                 RedOp::BAnd, RedOp::BOr, RedOp::BXor};
 
-size_t dtype_size(DType t);
+// Throws ringreduce::Error for a tag outside the list.
+[[noreturn]] void throw_unknown_dtype(DType t);
+// Inline: the kernels and the algorithms ask for it several times per op.
+inline size_t dtype_size(DType t) {
+  switch (t) {
+#define RINGREDUCE_DTYPE_SIZE(tag, bytes, name, family, scalar, Kind) \
+  case DType::tag:                                                     \
+    return bytes;
+    RINGREDUCE_DTYPES(RINGREDUCE_DTYPE_SIZE)
+#undef RINGREDUCE_DTYPE_SIZE
+  }
+  throw_unknown_dtype(t);
+}
 const char* dtype_name(DType t);  // "float32", "bfloat16", ... (torch's spelling)
 const char* redop_name(RedOp op); // "sum", "product", "min", "max", "band", "bor", "bxor"
 bool is_floating(DType t);        // float32/64, float16, bfloat16

@@ -85,15 +85,11 @@ int64_t steady_ns(FlightRecorder::Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
 }
 
-// How many tensors `dims` describes, and in `*shown` how many of its values describe the first
-// kShown of them.
-uint64_t count_tensors(const int64_t* dims, size_t ndims, size_t* shown) {
-  uint64_t tensors = 0;
-  *shown = ndims;
-  for (size_t i = 0; i < ndims; ++i) {
-    if (dims[i] < 0 && ++tensors == FlightRecorder::kShown) *shown = i + 1;
-  }
-  return tensors;
+// How many values the shown shapes take in a slot: each shape and its -1.
+size_t flat_size(const FlightRecorder::Shapes& sh) {
+  size_t n = sh.shown;
+  for (size_t i = 0; i < sh.shown; ++i) n += sh.ndim[i];
+  return n;
 }
 
 // A slot's one writer brackets its writes: the version is odd while they are under way. The
@@ -139,12 +135,12 @@ bool has_ended(uint8_t state, uint8_t free) {
 
 }  // namespace
 
-void FlightRecorder::record_issue(uint64_t seq, const char* op, const int64_t* dims, size_t ndims,
+void FlightRecorder::record_issue(uint64_t seq, const char* op, const Shapes& shapes,
                                   const char* dtype, Clock::time_point at, bool running) noexcept {
   issued_count_.store(issued_count_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
   if (capacity_ == 0) return;
-  size_t shown = 0;
-  const uint64_t tensors = count_tensors(dims, ndims, &shown);
+  const size_t shown = flat_size(shapes);
+  const uint64_t tensors = shapes.tensors;
   const int64_t t = steady_ns(at);
   const State state = running ? State::Running : State::Issued;
   Slot& s = slot_of(seq);
@@ -161,7 +157,11 @@ void FlightRecorder::record_issue(uint64_t seq, const char* op, const int64_t* d
     s.dtype.store(dtype, std::memory_order_release);
     s.tensors.store(tensors, std::memory_order_release);
     s.ndims.store(static_cast<uint8_t>(shown), std::memory_order_release);
-    for (size_t i = 0; i < shown; ++i) s.dims[i].store(dims[i], std::memory_order_release);
+    size_t k = 0;
+    for (size_t i = 0; i < shapes.shown; ++i) {
+      for (size_t j = 0; j < shapes.ndim[i]; ++j) s.dims[k++].store(shapes.dims[i][j], std::memory_order_release);
+      s.dims[k++].store(-1, std::memory_order_release);
+    }
     s.issued.store(t, std::memory_order_release);
     s.started.store(running ? t : 0, std::memory_order_release);
     s.ended.store(0, std::memory_order_release);
@@ -175,7 +175,11 @@ void FlightRecorder::record_issue(uint64_t seq, const char* op, const int64_t* d
     r.op = op;
     r.dtype = dtype;
     r.state = state;
-    r.dims.assign(dims, dims + shown);
+    r.dims.reserve(shown);
+    for (size_t i = 0; i < shapes.shown; ++i) {
+      r.dims.insert(r.dims.end(), shapes.dims[i], shapes.dims[i] + shapes.ndim[i]);
+      r.dims.push_back(-1);
+    }
     r.tensors = tensors;
     r.issued = t;
     r.started = running ? t : 0;
@@ -197,14 +201,14 @@ void FlightRecorder::prune_side(uint64_t newest) {
   while (!errors_.empty() && errors_.size() >= capacity_) errors_.erase(errors_.begin());
 }
 
-void FlightRecorder::issued(uint64_t seq, const char* op, const int64_t* dims, size_t ndims,
-                            const char* dtype, Clock::time_point at) noexcept {
-  record_issue(seq, op, dims, ndims, dtype, at, false);
+void FlightRecorder::issued(uint64_t seq, const char* op, const Shapes& shapes, const char* dtype,
+                            Clock::time_point at) noexcept {
+  record_issue(seq, op, shapes, dtype, at, false);
 }
 
-void FlightRecorder::issued_running(uint64_t seq, const char* op, const int64_t* dims, size_t ndims,
+void FlightRecorder::issued_running(uint64_t seq, const char* op, const Shapes& shapes,
                                     const char* dtype, Clock::time_point at) noexcept {
-  record_issue(seq, op, dims, ndims, dtype, at, true);
+  record_issue(seq, op, shapes, dtype, at, true);
 }
 
 FlightRecorder::Slot* FlightRecorder::own_slot(uint64_t seq) const {

@@ -58,16 +58,30 @@ class FlightRecorder {
   // ringreduce.flight asks for it (ringreduce._C.default_flight_dir()) to find the dumps.
   static std::string default_dir();
 
-  // An op got sequence number `seq` (numbers are issued in order, one per collective). `dims`
-  // holds the shapes of its tensors, each ended by -1; `op` and `dtype` are static strings.
-  // The caller serializes issued(), issued_running() and withdraw() (see the file comment).
-  // Never throws: an op whose record cannot be kept (no memory for the side table) goes
-  // unrecorded rather than failing.
-  void issued(uint64_t seq, const char* op, const int64_t* dims, size_t ndims, const char* dtype,
+  // A slot holds the shapes of an op's first kShown tensors (all a dump shows) in kSlotDims values
+  // (each shape ended by -1); an op whose shapes need more is kept in the side table.
+  static constexpr size_t kShown = 4;
+  static constexpr size_t kSlotDims = 24;
+
+  // An op's tensors' shapes as the recorder takes them: the first kShown, by pointer (read during
+  // the call only, so the caller builds this from its tensors with no copy), and how many
+  // tensors the op has.
+  struct Shapes {
+    const int64_t* dims[kShown] = {};
+    size_t ndim[kShown] = {};
+    size_t shown = 0;
+    uint64_t tensors = 0;
+  };
+
+  // An op got sequence number `seq` (numbers are issued in order, one per collective); `op` and
+  // `dtype` are static strings. The caller serializes issued(), issued_running() and withdraw()
+  // (see the file comment). Never throws: an op whose record cannot be kept (no memory for the
+  // side table) goes unrecorded rather than failing.
+  void issued(uint64_t seq, const char* op, const Shapes& shapes, const char* dtype,
               Clock::time_point at) noexcept;
   // issued() and started() at once, for an op that starts where it is issued.
-  void issued_running(uint64_t seq, const char* op, const int64_t* dims, size_t ndims,
-                      const char* dtype, Clock::time_point at) noexcept;
+  void issued_running(uint64_t seq, const char* op, const Shapes& shapes, const char* dtype,
+                      Clock::time_point at) noexcept;
   // The op numbered `seq`, the last issued, was not queued after all (its number is reused).
   void withdraw(uint64_t seq) noexcept;
   // Called by whoever runs op `seq`, after its issue was recorded.
@@ -86,11 +100,6 @@ class FlightRecorder {
   // Returns the path, or "" when it had already been dumped.
   std::string dump_once(const std::string& dir, const std::string& reason);
   bool dumped() const { return dumped_.load(std::memory_order_acquire); }
-
-  // A slot holds the shapes of an op's first kShown tensors (all a dump shows) in kSlotDims values;
-  // an op whose shapes need more is kept in the side table.
-  static constexpr size_t kShown = 4;
-  static constexpr size_t kSlotDims = 24;
 
   // One op as a dump sees it.
   struct Record {
@@ -125,8 +134,8 @@ class FlightRecorder {
   // The slot `seq` was recorded in, or null when it went to the side table (or nowhere).
   Slot* own_slot(uint64_t seq) const;
   bool read(const Slot& s, Record& r) const;
-  void record_issue(uint64_t seq, const char* op, const int64_t* dims, size_t ndims,
-                    const char* dtype, Clock::time_point at, bool running) noexcept;
+  void record_issue(uint64_t seq, const char* op, const Shapes& shapes, const char* dtype,
+                    Clock::time_point at, bool running) noexcept;
   // Under side_mu_: forgets ended side-table ops and errors that are out of the kept window.
   void prune_side(uint64_t newest);
 

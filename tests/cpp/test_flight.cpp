@@ -36,12 +36,23 @@ const char* const kTypes[] = {"Float", "Long", "Half"};
 std::vector<int64_t> dims_for(uint64_t seq) {
   return {static_cast<int64_t>(seq % 1000), static_cast<int64_t>(seq % 7), -1};
 }
+// The recorder's view of tensors of these shapes.
+FlightRecorder::Shapes shapes(const std::vector<std::vector<int64_t>>& ts) {
+  FlightRecorder::Shapes sh;
+  sh.tensors = ts.size();
+  for (size_t i = 0; i < ts.size() && i < FlightRecorder::kShown; ++i) {
+    sh.dims[i] = ts[i].data();
+    sh.ndim[i] = ts[i].size();
+    sh.shown = i + 1;
+  }
+  return sh;
+}
 void issue(FlightRecorder& f, uint64_t seq, bool running = false) {
-  const std::vector<int64_t> d = dims_for(seq);
+  const std::vector<std::vector<int64_t>> t = {{static_cast<int64_t>(seq % 1000), static_cast<int64_t>(seq % 7)}};
   if (running) {
-    f.issued_running(seq, kOps[seq % 3], d.data(), d.size(), kTypes[seq % 3], at(10 * seq + 1));
+    f.issued_running(seq, kOps[seq % 3], shapes(t), kTypes[seq % 3], at(10 * seq + 1));
   } else {
-    f.issued(seq, kOps[seq % 3], d.data(), d.size(), kTypes[seq % 3], at(10 * seq + 1));
+    f.issued(seq, kOps[seq % 3], shapes(t), kTypes[seq % 3], at(10 * seq + 1));
   }
 }
 // "" when the record is op `seq` as issue() made it, at least as far as `least` got.
@@ -121,22 +132,23 @@ RR_TEST(an_op_in_flight_keeps_its_slot_and_the_op_that_comes_round_to_it_is_kept
 RR_TEST(an_op_with_many_tensors_or_dimensions_keeps_its_shapes) {
   FlightRecorder f(meta(), 4);
   // Ten tensors of one dimension: the slot holds the first four (all a dump shows).
-  std::vector<int64_t> many;
-  for (int i = 0; i < 10; ++i) many.insert(many.end(), {i + 1, -1});
-  f.issued(0, "allgather", many.data(), many.size(), "Float", at(1));
+  std::vector<std::vector<int64_t>> many;
+  for (int64_t i = 0; i < 10; ++i) many.push_back({i + 1});
+  f.issued(0, "allgather", shapes(many), "Float", at(1));
   // Four tensors of eight dimensions: more than a slot holds; kept whole in the side table.
-  std::vector<int64_t> deep;
-  for (int t = 0; t < 4; ++t) {
-    for (int d = 0; d < 8; ++d) deep.push_back(d + 1);
-    deep.push_back(-1);
+  const std::vector<std::vector<int64_t>> deep(4, {1, 2, 3, 4, 5, 6, 7, 8});
+  std::vector<int64_t> flat;
+  for (const auto& t : deep) {
+    flat.insert(flat.end(), t.begin(), t.end());
+    flat.push_back(-1);
   }
-  f.issued(1, "allgather", deep.data(), deep.size(), "Float", at(2));
+  f.issued(1, "allgather", shapes(deep), "Float", at(2));
   const std::string json = f.to_json("requested");
   RR_EXPECT(json.find("\"[1] [2] [3] [4] and 6 more\"") != std::string::npos, json);
   const std::string eight = "[1, 2, 3, 4, 5, 6, 7, 8]";
   RR_EXPECT(json.find(eight + " " + eight + " " + eight + " " + eight + "\"") != std::string::npos, json);
   const auto recs = f.snapshot();
-  RR_EXPECT(recs.size() == 2 && recs[1].dims == deep, "the deep op's shapes");
+  RR_EXPECT(recs.size() == 2 && recs[1].dims == flat && recs[1].tensors == 4, "the deep op's shapes");
 }
 
 RR_TEST(a_withdrawn_op_leaves_no_record_and_its_number_is_reused) {
