@@ -97,7 +97,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allreduce(std::vector<at::Tensor>& t
     if ((!opts.asyncOp || size_ == 1) && allreduce_inline(t, d, red, opts.timeout, &seq, &error)) {
       auto work = c10::make_intrusive<RingWork>(rank_, c10d::OpType::ALLREDUCE, name, seq,
                                                 std::vector<at::Tensor>{t}, queue_.state());
-      work->complete(error);
+      work->complete_unshared(error);
       return work;
     }
     // Queued (async, or a busy group). An async op works in place in the storage the tensor has

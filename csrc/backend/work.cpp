@@ -123,6 +123,17 @@ void RingWork::complete(std::exception_ptr error) {
   ended_.store(true, std::memory_order_release);
 }
 
+void RingWork::complete_unshared(std::exception_ptr error) {
+  TORCH_INTERNAL_ASSERT_DEBUG_ONLY(!future_ && !pins_ && !ended_.load());
+  // What complete() and c10d::Work::finish() set (the base class made no profiling callback: no
+  // title was given), published to other threads by the Work's hand-over to the caller.
+  done_ = true;
+  error_ = error;
+  completed_ = true;
+  exception_ = std::move(error);
+  ended_.store(true, std::memory_order_relaxed);
+}
+
 std::exception_ptr as_dist_error(std::exception_ptr e) {
   std::string msg;
   try {

@@ -51,6 +51,10 @@ class RingWork : public c10d::Work {
   // Called once, by whichever thread ran the op (or cancelled it). `error` is null on success.
   // Unpins first (see pin()) and lets the op's own state go (release_op()).
   void complete(std::exception_ptr error);
+  // complete() for a Work made for an op that has already run, before anyone else has it (no
+  // waiter, no future, no pins, no queued body): its state is set without the two locks and the
+  // wake-up complete() takes, which were a tenth of a small synchronous op's own code.
+  void complete_unshared(std::exception_ptr error);
 
   // An op that may still touch these tensors after its call returns (an async host op) keeps
   // their storages in place until it completes (see StoragePins): before its Work completes, so
