@@ -34,7 +34,8 @@ void settle(c10::ivalue::Future& f, const std::vector<at::Tensor>& outputs, std:
 }  // namespace
 
 bool RingWork::wait(std::chrono::milliseconds timeout) {
-  if (timeout == kNoTimeout) {
+  // (A load first: the exchange, an atomic read-modify-write, only where there is a time to note.)
+  if (timeout == kNoTimeout && pushed_at_ns_.load(std::memory_order_relaxed) != 0) {
     if (const int64_t ns = pushed_at_ns_.exchange(0, std::memory_order_relaxed)) {
       using Clock = std::chrono::steady_clock;
       note_wait(*queue_, Clock::time_point(Clock::duration(ns)));
