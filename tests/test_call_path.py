@@ -7,7 +7,9 @@ before the progress thread has taken it; in a group of one, at its call.
   and sizes.
 - A synchronous all-reduce of one contiguous tensor on an idle group (and, in a group of one, an
   async one) runs at its call, and its Work comes back completed with the same result, future
-  and numbering as a queued op's, or with its error for wait().
+  and numbering as a queued op's, or with its error for wait(). A synchronous one's Work refers to
+  the caller's tensor without keeping it alive; result() and its future fail, saying so, once the
+  caller has let it go.
 - In a group of one a small async op returns completed; in larger groups it never runs at its
   call (tests/test_semantics.py's test_two_groups_interleaved is why: ranks may interleave groups
   differently).
@@ -129,6 +131,26 @@ def _rank_run_at_call(ctx):
         want = torch.full((1000,), float(n * (n + 1) // 2))
         if not (w.wait() and torch.equal(t, want) and torch.equal(val[0], want)):
             failures.append(f"{what}: wrong sum, or a future value that differs")
+    # The Work of a synchronous op run at its call refers to the caller's tensor without keeping it
+    # (or its Python object) alive: once the caller lets go of it, result() and the future say so.
+    import weakref
+
+    t = torch.full((1000,), float(r + 1))
+    alive = weakref.ref(t)
+    w = be.allreduce([t], opts(False))
+    w.wait()
+    del t
+    if alive() is not None:
+        failures.append(f"rank {r}: a sync op's Work keeps the caller's tensor alive")
+    for name, get in (("result()", w.result), ("its future", lambda: w.get_future().wait())):
+        try:
+            get()
+            failures.append(f"rank {r}: {name} of a sync op whose tensor is gone did not fail")
+        except dist.DistBackendError as e:
+            if "no longer exists" not in str(e) or f"rank {r}" not in str(e):
+                failures.append(f"rank {r}: {name}: the error does not say what happened: {e}")
+        except Exception as e:  # noqa: BLE001
+            failures.append(f"rank {r}: {name}: not a DistBackendError: {type(e).__name__}: {e}")
     # Behind a queued async op the synchronous one does not run at its call: it runs after it
     # (the flight record's times, below).
     if n > 1:
@@ -152,7 +174,7 @@ def _rank_run_at_call(ctx):
         with open(ringreduce.dump_flight_recorder(g, directory)) as f:
             ops = json.load(f)["ops"]
     got = [(o["seq"], o["op"], o["shapes"], o["state"]) for o in ops]
-    expect = [(k, "allreduce", "[1000]", "completed") for k in range(len(run_at_call) + 2 * (n > 1))]
+    expect = [(k, "allreduce", "[1000]", "completed") for k in range(len(run_at_call) + 1 + 2 * (n > 1))]
     if got != expect:
         failures.append(f"rank {r}: flight record {got}, expected {expect}")
     elif n > 1 and ops[-2]["ended_us"] > ops[-1]["started_us"]:

@@ -95,8 +95,14 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allreduce(std::vector<at::Tensor>& t
     // no tensors of its own and no storage pins, which only an op still running after its call
     // does.
     if ((!opts.asyncOp || size_ == 1) && allreduce_inline(t, d, red, opts.timeout, &seq, &error)) {
+      // A synchronous op's Work refers to the caller's tensor without owning it (see
+      // RingWork::refer_to): dist.all_reduce drops it at once, and owning the tensor cost a round
+      // trip of the GIL when it did. An async one (in a group of one) keeps its tensor.
       auto work = c10::make_intrusive<RingWork>(rank_, c10d::OpType::ALLREDUCE, name, seq,
-                                                std::vector<at::Tensor>{t}, queue_.state());
+                                                opts.asyncOp ? std::vector<at::Tensor>{t}
+                                                             : std::vector<at::Tensor>{},
+                                                queue_.state());
+      if (!opts.asyncOp) work->refer_to(t);
       work->complete_unshared(error);
       return work;
     }

@@ -88,7 +88,16 @@ c10::intrusive_ptr<c10::ivalue::Future> RingWork::getFuture() {
   }
   // Outside the lock: completing runs the future's callbacks, which may call back into this Work.
   if (settle_here) {
-    settle(*f, outputs_, error_);
+    std::exception_ptr error = error_;
+    std::vector<at::Tensor> outputs;
+    if (!error) {
+      try {
+        outputs = output_list();
+      } catch (...) {
+        error = as_dist_error(std::current_exception());
+      }
+    }
+    settle(*f, outputs, error);
   } else if (run_on_wait_) {
     start_now(*queue_, *this);  // whoever waits on the future does not run a deferred op
   }
@@ -105,7 +114,27 @@ int RingWork::sourceRank() const {
   return r;
 }
 
-std::vector<at::Tensor> RingWork::result() { return outputs_; }
+void RingWork::refer_to(const at::Tensor& t) {
+  TORCH_INTERNAL_ASSERT_DEBUG_ONLY(outputs_.empty());
+  referred_.emplace(t.getIntrusivePtr());
+}
+
+std::vector<at::Tensor> RingWork::output_list() const {
+  if (!referred_) return outputs_;
+  c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> impl = referred_->lock();
+  RR_CHECK(impl.defined(), op_prefix(op_name_, seq_, rank_),
+           "its tensor no longer exists: the Work of a synchronous op refers to the caller's "
+           "tensor without keeping it alive (keep the tensor, or pass asyncOp=True)");
+  return {at::Tensor(std::move(impl))};
+}
+
+std::vector<at::Tensor> RingWork::result() {
+  try {
+    return output_list();
+  } catch (const std::exception& e) {
+    C10_THROW_ERROR(DistBackendError, e.what());
+  }
+}
 
 void RingWork::complete(std::exception_ptr error) {
   pins_.reset();

@@ -43,6 +43,13 @@ class RingWork : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   std::vector<at::Tensor> result() override;
   const std::vector<at::Tensor>& outputs() const { return outputs_; }
+  // For a synchronous op that ran at its call, made with no outputs: the Work refers to the
+  // caller's tensor, reduced in place, without owning it. Since torch keeps a tensor's Python
+  // object alive while C++ holds further references to it, a Work that owned the tensor would take
+  // the GIL again when it is destroyed (its Python wrapper drops it with the GIL released) to let
+  // go of that object: a round trip of the GIL per dist.all_reduce. result() and the future give
+  // the tensor while the caller still holds it, and fail saying so once nobody does.
+  void refer_to(const at::Tensor& t);
   uint64_t getSequencenumber() const override { return seq_; }
   // The rank a receive's data came from (recvAnysource); set before complete().
   int sourceRank() const override;
@@ -84,6 +91,9 @@ class RingWork : public c10d::Work {
   uint64_t seq_;
   int rank_;
   std::vector<at::Tensor> outputs_;
+  std::optional<c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>> referred_;  // refer_to()
+  // outputs_, or the tensor referred to; throws if that tensor no longer exists.
+  std::vector<at::Tensor> output_list() const;
   std::shared_ptr<QueueState> queue_;
   std::thread::id progress_thread_;
   bool run_on_wait_ = false;
