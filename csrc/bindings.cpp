@@ -11,6 +11,7 @@
 #include "backend/direct_ops.h"
 #include "backend/knobs.h"
 #include "backend/ring_backend.h"
+#include "backend/work.h"
 #include "bucket/buckets.h"
 #include "reduce/reduce.h"
 #include "transport/registry.h"
@@ -50,6 +51,22 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "ringreduce: ring collectives as a torch.distributed backend";
   // Registers c10d's Python types (Backend, Store) so pybind11 can use them as base and argument.
   py::module_::import("torch.distributed");
+
+  // The Work of an op, registered so that (1) pybind11 finds the type of the Work an op returns at
+  // its first lookup instead of missing twice in its type maps and falling back to c10d's Work, and
+  // (2) wait() on a Work that has already completed (every synchronous op run at its call, which
+  // dist.all_reduce waits for at once) returns without releasing and retaking the GIL, as c10d's
+  // binding of Work.wait does for every call. Everything else is c10d's Work as before.
+  py::class_<ringreduce::RingWork, c10d::Work, c10::intrusive_ptr<ringreduce::RingWork>>(m, "RingWork")
+      .def(
+          "wait",
+          [](ringreduce::RingWork& w, std::chrono::milliseconds timeout) {
+            if (w.isCompleted()) return w.wait(timeout);  // returns at once, or throws the op's error
+            py::gil_scoped_release no_gil;
+            return w.wait(timeout);
+          },
+          py::arg("timeout") = kNoTimeout,
+          "Waits for the op (as c10d's Work.wait), and re-raises its error");
 
   py::class_<ringreduce::RingBackend, c10d::Backend, c10::intrusive_ptr<ringreduce::RingBackend>>(
       m, "RingBackend")
