@@ -11,6 +11,7 @@
 #include "backend/direct_ops.h"
 #include "backend/knobs.h"
 #include "backend/ring_backend.h"
+#include "backend/queued_op.h"
 #include "backend/work.h"
 #include "bucket/buckets.h"
 #include "reduce/reduce.h"
@@ -67,6 +68,12 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("timeout") = kNoTimeout,
           "Waits for the op (as c10d's Work.wait), and re-raises its error");
+  // A queued op's Work (async ops, and whatever did not run at its call) found at once too. With
+  // this holder (not c10d's, which lets go of a Work with the GIL released) the last reference
+  // to its tensors goes with the GIL held, where c10d's took it again to release their Python
+  // objects.
+  py::class_<ringreduce::QueuedOp, ringreduce::RingWork, c10::intrusive_ptr<ringreduce::QueuedOp>>(
+      m, "QueuedOp");
 
   py::class_<ringreduce::RingBackend, c10d::Backend, c10::intrusive_ptr<ringreduce::RingBackend>>(
       m, "RingBackend")

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "algo/collectives.h"
+#include "backend/queued_op.h"
 #include "backend/storage_pins.h"
 #include "backend/tensor_checks.h"
 #include "common/error.h"
@@ -59,30 +60,6 @@ void RingBackend::run_op(const char* name, uint64_t seq, std::chrono::millisecon
     log::write(log::Level::Trace, rank_, detail::cat(traced, ": done in ", us, " us"));
   }
 }
-
-namespace {
-
-// A host or CUDA op issued through enqueue(): its Work and what runs it once its turn comes, in
-// one allocation. The queue's task for it is two pointers (the backend and this), which
-// std::function keeps in place: an async op, whose queued form is all of its cost beyond a
-// synchronous one's, allocates no closure, no shared pins and no map node.
-class QueuedOp final : public RingWork {
- public:
-  using RingWork::RingWork;
-  RingBackend::Body body;
-  std::function<void(const OpContext&, const Deadline&)> run;  // a CUDA op's (CudaSide::prepare)
-  std::chrono::milliseconds timeout{0};
-  std::string traced;  // what a TRACE line says of the op; empty when none is written
-
- private:
-  // Called by complete(), after the body has returned (or never ran): its tensors go with it.
-  void release_op() override {
-    body = nullptr;
-    run = nullptr;
-  }
-};
-
-}  // namespace
 
 c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(c10d::OpType type, const char* name,
                                                     std::optional<c10::Device> device,
