@@ -226,6 +226,10 @@ void FlightRecorder::withdraw(uint64_t seq) noexcept {
   issued_count_.store(issued_count_.load(std::memory_order_relaxed) - 1, std::memory_order_release);
   if (Slot* s = own_slot(seq)) {
     open_slot(s->version);
+    // No sequence number either: the number is issued again, and that op may go to the side
+    // table while a later op takes this slot; its runner, reading this slot's number and state
+    // while that later op's issue writes them, must never see its own number here.
+    s->seq.store(kNoSeq, std::memory_order_release);
     s->state.store(kFree, std::memory_order_release);
     close_slot(s->version);
     return;

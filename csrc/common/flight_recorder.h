@@ -118,6 +118,7 @@ class FlightRecorder {
  private:
   // Slot states; kFree: never used, or its op was withdrawn.
   static constexpr uint8_t kFree = 0xff;
+  static constexpr uint64_t kNoSeq = ~uint64_t{0};  // a withdrawn op's slot
   struct alignas(64) Slot {
     std::atomic<uint32_t> version{0};  // odd while its writer writes it
     std::atomic<uint8_t> state{kFree};
