@@ -290,6 +290,84 @@ def test_a_deferred_async_op_starts_when_its_caller_does_not_run_it(ranks, backe
     harness.check_results(ranks(2, env=_LONG_DELAY).run(_rank_deferred, timeout=120))
 
 
+# The growing delay's pool: a start delay short enough that prompt ops span several of them in a
+# second or two, long enough that the scheduler's delays are small beside it.
+_BASE_S = 0.2
+_GROWTH = 8  # kDeferGrowth in csrc/backend/op_queue.h
+
+
+def _rank_delay_grows(ctx):
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    r = ctx.rank
+    g = dist.new_group(backend="ringreduce")
+    failures = []
+
+    def unwaited_round():
+        """Rank 0 issues an async op and does not wait for it before a gloo barrier that rank 1
+        reaches only after its own wait() returned: how long that wait took is how long rank 0's
+        progress thread left the op deferred."""
+        t = torch.full((64,), float(r + 1))
+        w = dist.all_reduce(t, group=g, async_op=True)
+        took = None
+        if r == 0:
+            dist.barrier(group=ctx.gloo)
+            w.wait()
+        else:
+            t0 = time.monotonic()
+            w.wait()
+            took = time.monotonic() - t0
+            dist.barrier(group=ctx.gloo)
+        if not torch.equal(t, torch.full((64,), 3.0)):
+            failures.append(f"rank {r}: wrong sum {t[0].item()}")
+        return took
+
+    def prompt_for(seconds):
+        t = torch.ones(64)
+        stop = torch.zeros(1)
+        end = time.monotonic() + seconds
+        while True:  # both ranks stop at the same op: rank 0 decides
+            for _ in range(50):
+                dist.all_reduce(t, group=g, async_op=True).wait()
+            stop.fill_(1.0 if r == 0 and time.monotonic() > end else 0.0)
+            dist.all_reduce(stop, group=g, async_op=True).wait()
+            if stop.item() > 0:
+                return
+
+    # Prompt waits over several delays: each firing of the timer finds nothing due, and the delay
+    # in force doubles (0.2, 0.4, 0.8 s ... up to 1.6 s).
+    prompt_for(5 * _BASE_S)
+    took = unwaited_round()
+    if r == 1 and not 1.5 * _BASE_S < took < _GROWTH * _BASE_S + 1.0:
+        failures.append(f"after prompt waits over several delays, an unwaited op started after "
+                        f"{took:.3f} s: expected more than {1.5 * _BASE_S:.2f} s (the delay grown) and "
+                        f"at most about {_GROWTH * _BASE_S:.2f} s ({_GROWTH}x the start delay)")
+    # That op ran late: the next one goes to the thread at once, and once the caller waits promptly
+    # again (not long enough for the timer to fire), the delay is the start delay again.
+    took = unwaited_round()
+    if r == 1 and took > 0.5 * _BASE_S:
+        failures.append(f"after a deferred op ran late, the next one still waited {took:.3f} s")
+    t = torch.ones(64)
+    for _ in range(8):
+        dist.all_reduce(t, group=g, async_op=True).wait()
+    took = unwaited_round()
+    if r == 1 and not 0.5 * _BASE_S < took < 1.5 * _BASE_S:
+        failures.append(f"after a deferred op ran late, the delay should be back at {_BASE_S} s; "
+                        f"an unwaited op started after {took:.3f} s")
+    dist.destroy_process_group(g)
+    return failures, {}
+
+
+def test_the_start_delay_grows_while_callers_wait_promptly(ranks, backend):
+    if backend != "ringreduce":
+        pytest.skip("ringreduce's call path")
+    env = {"RINGREDUCE_ASYNC_START_US": str(int(_BASE_S * 1e6))}
+    harness.check_results(ranks(2, env=env).run(_rank_delay_grows, timeout=120))
+
+
 def _rank_moved_before_wait(ctx):
     import torch
     import torch.distributed as dist

@@ -69,6 +69,22 @@ void arm_timer(QueueState& st, std::chrono::nanoseconds after) {
   }
 }
 
+// Under `mu`, when the timer has fired. If it finds no deferred op waiting longer than a prompt
+// caller takes to reach its wait(), every op deferred since the timer was armed was run by its
+// caller's wait(), and the delay in force doubles. One that has waited longer keeps the delay it
+// was deferred under: front_may_start starts it once that has passed (and resets the delay).
+void grow_if_quiet(QueueState& st) {
+  if (!st.prompt) return;
+  if (!st.tasks.empty()) {
+    const QueueState::Task& front = st.tasks.front();
+    if (front.deferred_at != QueueState::Clock::time_point{} &&
+        QueueState::Clock::now() - front.deferred_at >= kPromptGap) {
+      return;
+    }
+  }
+  st.defer_delay = std::min(st.defer_delay * 2, st.start_delay * kDeferGrowth);
+}
+
 // Sleeps until the bell rings, the timer fires or `at_most` passes; false if it timed out.
 bool sleep_for_ops(QueueState& st, std::chrono::milliseconds at_most) {
   pollfd fds[2] = {{st.bell_fd, POLLIN, 0}, {st.timer_fd, POLLIN, 0}};
@@ -82,6 +98,7 @@ bool sleep_for_ops(QueueState& st, std::chrono::milliseconds at_most) {
     [[maybe_unused]] const ssize_t r = ::read(st.timer_fd, &count, sizeof(count));
     std::lock_guard<std::mutex> lock(st.mu);
     st.timer_armed = false;
+    grow_if_quiet(st);
   }
   return true;
 }
@@ -93,13 +110,14 @@ bool front_may_start(QueueState& st) {
   QueueState::Task& front = st.tasks.front();
   if (front.deferred_at == QueueState::Clock::time_point{}) return true;
   const auto age = QueueState::Clock::now() - front.deferred_at;
-  if (age >= st.start_delay) {
+  if (age >= st.defer_delay) {
     front.deferred_at = {};
     st.prompt = false;
     st.prompt_streak = 0;
+    st.defer_delay = st.start_delay;
     return true;
   }
-  if (!st.timer_armed) arm_timer(st, st.start_delay - age);
+  if (!st.timer_armed) arm_timer(st, st.defer_delay - age);
   return false;
 }
 
@@ -228,6 +246,7 @@ void note_wait(QueueState& st, QueueState::Clock::time_point pushed_at) {
 void OpQueue::set_start_delay(std::chrono::microseconds d) {
   std::lock_guard<std::mutex> lock(st_->mu);
   st_->start_delay = d;
+  st_->defer_delay = d;
 }
 
 void OpQueue::push(c10::intrusive_ptr<RingWork> work, std::function<void()> body, bool deferrable,
@@ -246,7 +265,7 @@ void OpQueue::push(c10::intrusive_ptr<RingWork> work, std::function<void()> body
       // The running op's end starts this one (run_and_complete, or the thread's own loop).
     } else if (defer) {
       st_->tasks.back().deferred_at = issued_at;
-      if (!st_->timer_armed) arm_timer(*st_, st_->start_delay);
+      if (!st_->timer_armed) arm_timer(*st_, st_->defer_delay);
     } else {
       // Queued behind a deferred op, its caller issues several before it waits: both start now.
       st_->tasks.front().deferred_at = {};

@@ -45,8 +45,15 @@ struct QueueState {
   int bell_fd = -1;
   int timer_fd = -1;
   bool timer_armed = false;  // set when armed, cleared when the thread reads its expiry
-  // How long a deferred op is left for its wait() (RINGREDUCE_ASYNC_START_US; 0: never deferred).
+  // How long a deferred op is left for its wait() at first (RINGREDUCE_ASYNC_START_US; 0: never
+  // deferred), and the delay in force: it doubles each time the timer fires and finds no deferred
+  // op due, up to kDeferGrowth times start_delay, and drops back to start_delay when a deferred
+  // op's caller did not wait for it in time. Each firing wakes the progress thread on a core the
+  // ranks are using; at a fixed 1 ms, those wake-ups cost a small async op about a tenth of its
+  // time at world 2 (docs/results.md), while a caller that has waited promptly all along is
+  // unlikely to stop now, and if it does, the delay it meets is still bounded.
   std::chrono::microseconds start_delay{1000};
+  std::chrono::microseconds defer_delay{1000};
   // The caller waits for its async ops right after the call (see OpQueue::push): learned from
   // the last ops, and dropped when a deferred op's caller did not wait for it in time.
   bool prompt = true;
@@ -71,6 +78,8 @@ void start_now(QueueState& st, const RingWork& work);
 void note_wait(QueueState& st, QueueState::Clock::time_point pushed_at);
 
 constexpr std::chrono::milliseconds kIdlePoll{100};
+// How far QueueState::defer_delay grows past start_delay.
+constexpr int kDeferGrowth = 8;
 
 // Future callbacks run on the progress thread. One that issues an op on this group and waits for
 // it (PowerSGD's hook does) would wait for an op queued behind itself. So on the progress thread
@@ -93,8 +102,9 @@ class OpQueue {
   // queue has seen its async ops waited for promptly, one pushed onto an idle queue is deferred:
   // the thread is not woken, and the caller's wait() runs it. It starts on the thread all the
   // same when a second op is queued behind it, when its future is asked for, at a wait() with a
-  // timeout, or, if none of these comes, after the start delay, by a timer, which also tells the
-  // queue that this caller overlaps its ops with its work: its next ones go to the thread at once.
+  // timeout, or, if none of these comes, after the delay in force (QueueState::defer_delay), by a
+  // timer, which also tells the queue that this caller overlaps its ops with its work: its next
+  // ones go to the thread at once.
   // `issued_at`: the op's issue, on QueueState::Clock (the steady clock); {}: now.
   void push(c10::intrusive_ptr<RingWork> work, std::function<void()> body, bool deferrable = false,
             QueueState::Clock::time_point issued_at = {});
