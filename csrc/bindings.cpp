@@ -62,7 +62,7 @@ PYBIND11_MODULE(_C, m) {
       .def(
           "wait",
           [](ringreduce::RingWork& w, std::chrono::milliseconds timeout) {
-            if (w.isCompleted()) return w.wait(timeout);  // returns at once, or throws the op's error
+            if (w.ended()) return w.wait(timeout);  // returns at once, or throws the op's error
             py::gil_scoped_release no_gil;
             return w.wait(timeout);
           },

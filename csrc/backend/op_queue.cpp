@@ -193,7 +193,10 @@ void loop(const std::shared_ptr<QueueState>& st) {
 }  // namespace
 
 void run_queued_here_until(QueueState& st, const RingWork& work) {
-  while (!const_cast<RingWork&>(work).isCompleted()) {
+  // ended(), not isCompleted(), which takes the Work's lock while the Work has not ended, as at
+  // every wait() that runs a deferred op here. A Work that another thread has completed but not
+  // yet marked ended only makes this look at the queue once more.
+  while (!work.ended()) {
     QueueState::Task task;
     {
       std::unique_lock<std::mutex> lock(st.mu);

@@ -40,6 +40,9 @@ class RingWork : public c10d::Work {
   bool isCompleted() override {
     return ended_.load(std::memory_order_acquire) || c10d::Work::isCompleted();
   }
+  // Whether complete() (or complete_unshared()) has run to its end: isCompleted() without the
+  // Work's lock for the moment between the two, which only a caller that looks again needs.
+  bool ended() const { return ended_.load(std::memory_order_acquire); }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   std::vector<at::Tensor> result() override;
   const std::vector<at::Tensor>& outputs() const { return outputs_; }
