@@ -211,6 +211,65 @@ def test_ops_run_at_their_call(ranks, backend, world):
     harness.check_results(ranks(world).run(_rank_run_at_call, timeout=120))
 
 
+def _rank_wait_runs_only_its_own(ctx):
+    import threading
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    r = ctx.rank
+    failures = []
+    for it in range(8):
+        # A short timeout on G: the fault shows as G's second op timing out, not as a hang.
+        g = dist.new_group(backend="ringreduce", timeout=datetime.timedelta(seconds=3))
+        h = dist.new_group(backend="ringreduce")
+        ta, tb, th = (torch.full((64,), float(r + 1)) for _ in range(3))
+        t0 = time.monotonic()
+        errors = []
+        try:
+            if r == 0:
+                # Another thread runs `a` at its wait() (deferred, so it runs there) while this
+                # one queues `b` behind it and waits for `a` too. When `a` ends, `b` must be left
+                # to the progress thread: this thread goes on to its op on H, which rank 1 needs
+                # before it issues `b` (groups may interleave differently from rank to rank).
+                a = dist.all_reduce(ta, group=g, async_op=True)
+                runner = threading.Thread(target=lambda: a.wait())
+                runner.start()
+                time.sleep(0.05)
+                b = dist.all_reduce(tb, group=g, async_op=True)
+                a.wait()
+                dist.all_reduce(th, group=h)
+                b.wait()
+                runner.join()
+            else:
+                time.sleep(0.2)
+                a = dist.all_reduce(ta, group=g, async_op=True)
+                dist.all_reduce(th, group=h)
+                b = dist.all_reduce(tb, group=g, async_op=True)
+                a.wait()
+                b.wait()
+        except Exception as e:  # noqa: BLE001 (the failure is the finding)
+            errors.append(str(e).splitlines()[0])
+        took = time.monotonic() - t0
+        if errors or took > 2.0:
+            failures.append(f"rank {r}: round {it}: a wait() ran an op queued after its own "
+                            f"({took:.2f} s; {errors})")
+            break
+        for name, t in (("a", ta), ("b", tb), ("h", th)):
+            if not torch.equal(t, torch.full((64,), 3.0)):
+                failures.append(f"rank {r}: round {it}: op {name} wrong: {t[0].item()}")
+        dist.destroy_process_group(g)
+        dist.destroy_process_group(h)
+    return failures, {}
+
+
+def test_a_wait_runs_no_op_queued_after_its_own(ranks, backend):
+    if backend != "ringreduce":
+        pytest.skip("ringreduce's call path")
+    harness.check_results(ranks(2).run(_rank_wait_runs_only_its_own, timeout=120))
+
+
 # The start delay of the pools below: long, so that an op the timer starts and one started at once
 # differ by far more than any scheduling delay, and a deferred op waits for its wait().
 _DELAY_S = 1.0
@@ -350,8 +409,10 @@ def _rank_delay_grows(ctx):
     took = unwaited_round()
     if r == 1 and took > 0.5 * _BASE_S:
         failures.append(f"after a deferred op ran late, the next one still waited {took:.3f} s")
+    # (Many ops, so that four prompt waits in a row come even on a loaded machine; still far
+    # shorter than the delay, so that the timer does not fire meanwhile.)
     t = torch.ones(64)
-    for _ in range(8):
+    for _ in range(100):
         dist.all_reduce(t, group=g, async_op=True).wait()
     took = unwaited_round()
     if r == 1 and not 0.5 * _BASE_S < took < 1.5 * _BASE_S:

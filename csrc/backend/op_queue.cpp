@@ -70,15 +70,18 @@ void arm_timer(QueueState& st, std::chrono::nanoseconds after) {
 }
 
 // Under `mu`, when the timer has fired. If it finds no deferred op waiting longer than a prompt
-// caller takes to reach its wait(), every op deferred since the timer was armed was run by its
-// caller's wait(), and the delay in force doubles. One that has waited longer keeps the delay it
-// was deferred under: front_may_start starts it once that has passed (and resets the delay).
+// caller takes to reach its wait() (or than the delay in force, where that is shorter), every op
+// deferred since the timer was armed has started without it (by its wait(), an op queued behind
+// it, its future or a wait with a timeout), and the delay in force doubles. One that has waited
+// longer keeps the delay it was deferred under: front_may_start starts it once that has passed
+// (and resets the delay).
 void grow_if_quiet(QueueState& st) {
   if (!st.prompt) return;
   if (!st.tasks.empty()) {
     const QueueState::Task& front = st.tasks.front();
+    const QueueState::Clock::duration young = std::min<QueueState::Clock::duration>(kPromptGap, st.defer_delay);
     if (front.deferred_at != QueueState::Clock::time_point{} &&
-        QueueState::Clock::now() - front.deferred_at >= kPromptGap) {
+        QueueState::Clock::now() - front.deferred_at >= young) {
       return;
     }
   }
@@ -194,17 +197,25 @@ void loop(const std::shared_ptr<QueueState>& st) {
 
 void run_queued_here_until(QueueState& st, const RingWork& work) {
   // ended(), not isCompleted(), which takes the Work's lock while the Work has not ended, as at
-  // every wait() that runs a deferred op here. A Work that another thread has completed but not
-  // yet marked ended only makes this look at the queue once more.
+  // every wait() that runs a deferred op here.
   while (!work.ended()) {
     QueueState::Task task;
     {
       std::unique_lock<std::mutex> lock(st.mu);
+      // Only the ops up to `work`, and only while it is still queued: once another thread has
+      // taken it, the ops behind it are not this caller's to run, nor to wait for. Running one,
+      // or waiting for the thread that took it to finish it, would keep the caller from its next
+      // op of another group, which a peer may need before it issues this group's next op
+      // (test_a_wait_runs_no_op_queued_after_its_own).
+      auto queued = [&] {
+        return std::any_of(st.tasks.begin(), st.tasks.end(),
+                           [&](const QueueState::Task& t) { return t.work.get() == &work; });
+      };
       // Another thread may be running a claimed (inline) op: ops never overlap.
       ++st.idle_waiters;
-      st.cv.wait(lock, [&] { return !st.running; });
+      st.cv.wait(lock, [&] { return !st.running || !queued(); });
       --st.idle_waiters;
-      if (st.tasks.empty()) return;  // `work` is being completed by the thread that ran it
+      if (!queued()) return;  // taken by another thread, which completes it
       task = std::move(st.tasks.front());
       st.tasks.pop_front();
       st.running = true;

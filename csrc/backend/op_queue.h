@@ -46,9 +46,10 @@ struct QueueState {
   int timer_fd = -1;
   bool timer_armed = false;  // set when armed, cleared when the thread reads its expiry
   // How long a deferred op is left for its wait() at first (RINGREDUCE_ASYNC_START_US; 0: never
-  // deferred), and the delay in force: it doubles each time the timer fires and finds no deferred
-  // op due, up to kDeferGrowth times start_delay, and drops back to start_delay when a deferred
-  // op's caller did not wait for it in time. Each firing wakes the progress thread on a core the
+  // deferred), and the delay in force: it doubles each time the timer fires and finds every op
+  // deferred since it was armed started without it (grow_if_quiet), up to kDeferGrowth times
+  // start_delay, and drops back to start_delay when a deferred op's caller did not start it in
+  // time. Each firing wakes the progress thread on a core the
   // ranks are using; at a fixed 1 ms, those wake-ups cost a small async op about a tenth of its
   // time at world 2 (docs/results.md), while a caller that has waited promptly all along is
   // unlikely to stop now, and if it does, the delay it meets is still bounded.
@@ -83,8 +84,9 @@ constexpr int kDeferGrowth = 8;
 
 // Future callbacks run on the progress thread. One that issues an op on this group and waits for
 // it (PowerSGD's hook does) would wait for an op queued behind itself. So on the progress thread
-// an op is not left to the queue: this runs the queued ops here, in issue order, until `work` has
-// completed (or nothing is left that this thread could run).
+// an op is not left to the queue: this runs the queued ops here, in issue order, up to and with
+// `work`. It returns once `work` has ended, or once another thread has taken `work` (whose
+// waiter then waits for the Work): the ops queued behind `work` are never run here.
 void run_queued_here_until(QueueState& st, const RingWork& work);
 
 class OpQueue {
