@@ -236,14 +236,14 @@ def _rank_wait_runs_only_its_own(ctx):
                 a = dist.all_reduce(ta, group=g, async_op=True)
                 runner = threading.Thread(target=lambda: a.wait())
                 runner.start()
-                time.sleep(0.05)
+                time.sleep(0.05)  # sleep-ok: lets the runner thread take `a` first; Python cannot see that it has, and if it has not, the round still passes
                 b = dist.all_reduce(tb, group=g, async_op=True)
                 a.wait()
                 dist.all_reduce(th, group=h)
                 b.wait()
                 runner.join()
             else:
-                time.sleep(0.2)
+                time.sleep(0.2)  # sleep-ok: rank 1 comes late on purpose, so that rank 0's `a` is running on its runner thread while `b` queues behind it
                 a = dist.all_reduce(ta, group=g, async_op=True)
                 dist.all_reduce(th, group=h)
                 b = dist.all_reduce(tb, group=g, async_op=True)

@@ -49,10 +49,10 @@ struct QueueState {
   // deferred), and the delay in force: it doubles each time the timer fires and finds every op
   // deferred since it was armed started without it (grow_if_quiet), up to kDeferGrowth times
   // start_delay, and drops back to start_delay when a deferred op's caller did not start it in
-  // time. Each firing wakes the progress thread on a core the
-  // ranks are using; at a fixed 1 ms, those wake-ups cost a small async op about a tenth of its
-  // time at world 2 (docs/results.md), while a caller that has waited promptly all along is
-  // unlikely to stop now, and if it does, the delay it meets is still bounded.
+  // time. Each firing wakes the progress thread on a core the ranks are using; at a fixed 1 ms,
+  // those wake-ups cost a small async op about a tenth of its time at world 2 (docs/results.md),
+  // while a caller that has waited promptly all along is unlikely to stop now, and if it does,
+  // the delay it meets is still bounded.
   std::chrono::microseconds start_delay{1000};
   std::chrono::microseconds defer_delay{1000};
   // The caller waits for its async ops right after the call (see OpQueue::push): learned from
