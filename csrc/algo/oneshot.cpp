@@ -55,17 +55,22 @@ const uint8_t* own_source(const void* in, const void* out, size_t bytes) {
   return in == out || i + bytes <= o || o + bytes <= i ? static_cast<const uint8_t*>(in) : nullptr;
 }
 
-// An all-reduce's result into out, chunk by chunk as the ring cuts it; this rank's contribution
-// from `own` (at the same offsets) unless null.
+// An all-reduce's result into out, each chunk as the ring cuts it folded in the ring's order;
+// this rank's contribution from `own` unless null.
 void reduce_all_chunks(const Call& c, void* out, size_t count, DType t, RedOp op, int64_t divisor,
                        const uint8_t* own) {
-  const size_t es = dtype_size(t);
-  const size_t chunk = (count + c.size - 1) / c.size;
-  for (int ch = 0; ch < c.size; ++ch) {
-    const size_t lo = std::min(count, static_cast<size_t>(ch) * chunk);
-    reduce_chunk(c, static_cast<uint8_t*>(out) + lo * es, ch, lo * es, std::min(count - lo, chunk),
-                 t, op, divisor, own);
+  if (count == 0) return;
+  constexpr int kOnStack = 16;
+  const void* on_stack[kOnStack];
+  std::vector<const void*> on_heap;
+  const void** by_rank = on_stack;
+  if (c.size > kOnStack) {
+    on_heap.resize(static_cast<size_t>(c.size));
+    by_rank = on_heap.data();
   }
+  for (int r = 0; r < c.size; ++r) by_rank[r] = r == c.rank && own != nullptr ? own : c.w.buffer(r);
+  const size_t chunk = (count + c.size - 1) / c.size;
+  reduce_rotated(out, by_rank, c.size, count, chunk, t, op, divisor);
 }
 
 }  // namespace

@@ -43,6 +43,16 @@ void reduce_streamed(void* dst, const void* a, const void* b, size_t n, DType t,
 void reduce_many(void* dst, const void* const* src, int m, size_t n, DType t, RedOp op,
                  int64_t divisor);
 
+// reduce_many over one op's chunks, each folded in its own rotation of the sources: the n elements
+// are cut into chunks of `chunk` (the last one shorter), and chunk c of dst is reduce_many of
+// chunk c of src[(c+1) % m], src[(c+2) % m], ..., src[c % m]: the ring's order, in which chunk c's
+// partial sum starts after rank c and ends there (src indexed by rank). The same bits as a
+// reduce_many per chunk, with one check and one dtype dispatch for the whole op: a one-shot
+// all-reduce of 1 KiB between two ranks spent more instructions on a call per chunk than on its
+// additions. Aliasing as for reduce_many, over the whole range. chunk > 0.
+void reduce_rotated(void* dst, const void* const* src, int m, size_t n, size_t chunk, DType t,
+                    RedOp op, int64_t divisor);
+
 // dst[i] = src[i] * factor (PREMUL_SUM's pre-scaling). Floating and complex types only.
 void scale(void* dst, const void* src, size_t n, DType t, double factor);
 

@@ -20,6 +20,7 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "common/error.h"
 #include "reduce/half.h"
@@ -565,34 +566,92 @@ void reduce_and_copy(void* dst, void* out, const void* a, const void* b, size_t 
   });
 }
 
-void reduce_many(void* dst, const void* const* src, int m, size_t n, DType t, RedOp op,
-                 int64_t divisor) {
+namespace {
+
+// reduce_many's and reduce_rotated's checks: whether there is anything to do.
+bool check_many(const char* what, void* dst, const void* const* src, int m, size_t n, DType t,
+                RedOp op, int64_t divisor) {
   if (const char* why = unsupported_reason(t, op)) {
-    throw Error(detail::cat("ringreduce reduce_many: ", redop_name(op), " is not supported on ",
+    throw Error(detail::cat("ringreduce ", what, ": ", redop_name(op), " is not supported on ",
                             dtype_name(t), ": ", why));
   }
-  RR_CHECK(m >= 1, "ringreduce reduce_many: ", m, " sources");
-  RR_CHECK(divisor == 1 || t != DType::Bool, "ringreduce reduce_many: bool tensors cannot be "
+  RR_CHECK(m >= 1, "ringreduce ", what, ": ", m, " sources");
+  RR_CHECK(divisor == 1 || t != DType::Bool, "ringreduce ", what, ": bool tensors cannot be "
                                              "divided (an average of bools is not a bool)");
-  RR_CHECK(divisor != 0, "ringreduce reduce_many (", dtype_name(t), "): divisor is zero");
-  if (n == 0) return;
+  RR_CHECK(divisor != 0, "ringreduce ", what, " (", dtype_name(t), "): divisor is zero");
+  if (n == 0) return false;
   const size_t bytes = n * dtype_size(t);
-  RR_CHECK(dst != nullptr, "ringreduce reduce_many: null output for ", n, " elements");
+  RR_CHECK(dst != nullptr, "ringreduce ", what, ": null output for ", n, " elements");
   for (int k = 0; k < m; ++k) {
-    RR_CHECK(src[k] != nullptr, "ringreduce reduce_many: source ", k, " is null");
-    check_no_partial_overlap("reduce_many", dst, src[k], bytes, t);
+    RR_CHECK(src[k] != nullptr, "ringreduce ", what, ": source ", k, " is null");
+    check_no_partial_overlap(what, dst, src[k], bytes, t);
   }
+  return true;
+}
+
+// reduce_many's fold of n elements at element `at` of dst and of every source, for kind K and op
+// Op, the sources in the order given.
+template <class K, class Op>
+void fold_many(void* dst, const void* const* src, int m, size_t at, size_t n, int64_t divisor) {
+  using S = typename K::Store;
+  auto at_ = [at](const void* p) { return static_cast<const S*>(p) + at; };
+  S* d = static_cast<S*>(dst) + at;
+  if (divisor == 1 && m == 2) {
+    // One pass, dst = src[0] op src[1], with the same rounding as the staged fold: two ranks'
+    // one-shot and two-shot reductions, which read one source from another core's cache.
+    run_reduce<K, Op>(d, at_(src[0]), at_(src[1]), n);
+    return;
+  }
+  // The sources at `at`, on the stack up to a node's usual rank count.
+  constexpr int kOnStack = 16;
+  const void* on_stack[kOnStack];
+  std::vector<const void*> on_heap;
+  const void* const* s = src;
+  if (at != 0) {
+    const void** moved = on_stack;
+    if (m > kOnStack) {
+      on_heap.resize(static_cast<size_t>(m));
+      moved = on_heap.data();
+    }
+    for (int k = 0; k < m; ++k) moved[k] = at_(src[k]);
+    s = moved;
+  }
+  if (divisor == 1) {
+    run_reduce_many<K, Op>(d, s, m, n, Identity{});
+  } else {
+    with_divider<K>(divisor, [&](auto f) { run_reduce_many<K, Op>(d, s, m, n, f); });
+  }
+}
+
+}  // namespace
+
+void reduce_many(void* dst, const void* const* src, int m, size_t n, DType t, RedOp op,
+                 int64_t divisor) {
+  if (!check_many("reduce_many", dst, src, m, n, t, op, divisor)) return;
   with_kind_and_op(t, op, "reduce_many", [&](auto kind, auto op_tag) {
-    using K = decltype(kind);
-    using Op = decltype(op_tag);
-    if (divisor == 1 && m == 2) {
-      // One pass, dst = src[0] op src[1], with the same rounding as the staged fold: two ranks'
-      // one-shot and two-shot reductions, which read one source from another core's cache.
-      run_reduce<K, Op>(dst, src[0], src[1], n);
-    } else if (divisor == 1) {
-      run_reduce_many<K, Op>(dst, src, m, n, Identity{});
-    } else {
-      with_divider<K>(divisor, [&](auto f) { run_reduce_many<K, Op>(dst, src, m, n, f); });
+    fold_many<decltype(kind), decltype(op_tag)>(dst, src, m, 0, n, divisor);
+  });
+}
+
+void reduce_rotated(void* dst, const void* const* src, int m, size_t n, size_t chunk, DType t,
+                    RedOp op, int64_t divisor) {
+  RR_CHECK(chunk > 0, "ringreduce reduce_rotated: chunks of 0 elements");
+  if (!check_many("reduce_rotated", dst, src, m, n, t, op, divisor)) return;
+  constexpr int kOnStack = 16;
+  const void* on_stack[kOnStack];
+  std::vector<const void*> on_heap;
+  const void** order = on_stack;
+  if (m > kOnStack) {
+    on_heap.resize(static_cast<size_t>(m));
+    order = on_heap.data();
+  }
+  with_kind_and_op(t, op, "reduce_rotated", [&](auto kind, auto op_tag) {
+    // Chunk c's fold starts at source (c + 1) % m: counted along, without a division per source.
+    int first = m == 1 ? 0 : 1;
+    for (size_t lo = 0; lo < n; lo += std::min(chunk, n - lo)) {
+      for (int k = 0, i = first; k < m; ++k, i = i + 1 == m ? 0 : i + 1) order[k] = src[i];
+      first = first + 1 == m ? 0 : first + 1;
+      fold_many<decltype(kind), decltype(op_tag)>(dst, order, m, lo, std::min(chunk, n - lo), divisor);
     }
   });
 }

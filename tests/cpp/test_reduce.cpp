@@ -412,6 +412,55 @@ RR_TEST(reduce_many_is_the_ring_fold_bit_for_bit) {
   RR_EXPECT_THROWS(reduce_many(a.data(), two, 2, 4, DType::Float32, RedOp::BAnd, 1), "band");
 }
 
+// reduce_rotated is a reduce_many per chunk, the sources rotated to start after the chunk's
+// index: the same kernels, so the same bits, NaN payloads included. Also where dst is one of the
+// sources, and with more sources than fit on its stack.
+RR_TEST(reduce_rotated_is_reduce_many_per_chunk_bit_for_bit) {
+  Rng g(777);
+  size_t cases = 0;
+  for (DType t : kAllDTypes) {
+    const size_t es = dtype_size(t);
+    for (RedOp op : kAllRedOps) {
+      if (!supported(t, op)) continue;
+      for (int m : {1, 2, 3, 5, 17}) {
+        for (int64_t dv : {int64_t(1), int64_t(3)}) {
+          if (dv != 1 && t == DType::Bool) continue;
+          for (size_t n : {size_t(1), size_t(2), size_t(7), size_t(64), size_t(1000)}) {
+            for (int alias = 0; alias < 2; ++alias) {
+              const size_t bytes = n * es;
+              const size_t chunk = (n + m - 1) / m;
+              std::vector<std::vector<unsigned char>> src(m, std::vector<unsigned char>(bytes + 1));
+              for (auto& v : src) fill_random(t, v.data(), n, g);
+              std::vector<const void*> ptrs;
+              for (auto& v : src) ptrs.push_back(v.data());
+              std::vector<unsigned char> want(bytes + 1);
+              for (size_t c = 0, lo = 0; lo < n; ++c, lo += chunk) {
+                std::vector<const void*> order;
+                for (int k = 0; k < m; ++k) order.push_back(src[(c + 1 + k) % m].data() + lo * es);
+                reduce_many(want.data() + lo * es, order.data(), m, std::min(chunk, n - lo), t, op, dv);
+              }
+              GuardedBuffer D(bytes, es);
+              void* dst = alias ? src[m / 2].data() : D.data();
+              reduce_rotated(dst, ptrs.data(), m, n, chunk, t, op, dv);
+              ++cases;
+              RR_EXPECT(std::memcmp(dst, want.data(), bytes) == 0, dtype_name(t), " ", redop_name(op),
+                        " m=", m, " / ", dv, " n=", n, alias ? " dst=a source" : "",
+                        ": differs from reduce_many per chunk");
+              RR_EXPECT(D.guards_intact(), dtype_name(t), " n=", n, ": wrote outside the buffer");
+            }
+          }
+        }
+      }
+    }
+  }
+  RR_EXPECT(cases > 1000, "ran ", cases, " cases");
+  std::vector<float> a(8, 1.f), b(8, 2.f);
+  const void* two[] = {a.data(), b.data()};
+  RR_EXPECT_THROWS(reduce_rotated(a.data(), two, 2, 8, 0, DType::Float32, RedOp::Sum, 1), "chunks of 0");
+  RR_EXPECT_THROWS(reduce_rotated(a.data() + 1, two, 2, 4, 2, DType::Float32, RedOp::Sum, 1), "overlaps");
+  RR_EXPECT_THROWS(reduce_rotated(a.data(), two, 2, 4, 2, DType::Float32, RedOp::BAnd, 1), "band");
+}
+
 RR_TEST(reduce_and_copy_rejects_shared_buffers_and_bad_arguments) {
   float a[64] = {}, b[64] = {}, d[64] = {}, o[64] = {};
   reduce_and_copy(d, b, a, b, 32, DType::Float32, RedOp::Sum, 2);  // out == b: an in-place op
