@@ -207,15 +207,17 @@ void run_queued_here_until(QueueState& st, const RingWork& work) {
       // or waiting for the thread that took it to finish it, would keep the caller from its next
       // op of another group, which a peer may need before it issues this group's next op
       // (test_a_wait_runs_no_op_queued_after_its_own).
-      auto queued = [&] {
-        return std::any_of(st.tasks.begin(), st.tasks.end(),
-                           [&](const QueueState::Task& t) { return t.work.get() == &work; });
+      bool queued = true;
+      auto look = [&] {
+        queued = std::any_of(st.tasks.begin(), st.tasks.end(),
+                             [&](const QueueState::Task& t) { return t.work.get() == &work; });
+        return !st.running || !queued;
       };
       // Another thread may be running a claimed (inline) op: ops never overlap.
       ++st.idle_waiters;
-      st.cv.wait(lock, [&] { return !st.running || !queued(); });
+      st.cv.wait(lock, look);
       --st.idle_waiters;
-      if (!queued()) return;  // taken by another thread, which completes it
+      if (!queued) return;  // taken by another thread, which completes it
       task = std::move(st.tasks.front());
       st.tasks.pop_front();
       st.running = true;
