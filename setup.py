@@ -98,6 +98,12 @@ cxx_flags = [
     *BUILD["CXX_FLAGS"],  # the numerics every build shares (build.cfg says why)
     "-Wall",
     "-Wno-unused-parameter",
+    # Only PyInit__C (and what torch's and pybind11's headers mark) leaves the module: calls
+    # between our own functions are direct, not through the PLT, and our copies of inline and
+    # template code cannot bind to, or be bound by, another extension's, as pybind11 advises for
+    # every module.
+    "-fvisibility=hidden",
+    "-fvisibility-inlines-hidden",
     f'-DRINGREDUCE_TORCH_VERSION="{torch.__version__}"',
     f'-DRINGREDUCE_VERSION="{VERSION}"',
     # Numeric, for the few c10d hooks whose signature is newer than some torch we build against.
