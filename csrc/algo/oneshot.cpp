@@ -1,8 +1,8 @@
 #include "algo/oneshot.h"
 
 #include <algorithm>
-#include <vector>
 
+#include "common/small_array.h"
 #include "reduce/reduce.h"
 
 namespace ringreduce::oneshot {
@@ -25,21 +25,12 @@ uint8_t* exchange(const Call& c, size_t bytes, Fill&& fill) {
 void reduce_chunk(const Call& c, void* dst, int chunk, size_t offset, size_t len, DType t,
                   RedOp op, int64_t divisor, const uint8_t* own) {
   if (len == 0) return;
-  // The sources on the stack up to a node's usual rank count: an allocation per chunk was a tenth
-  // of a small all-reduce's own instructions.
-  constexpr int kOnStack = 16;
-  const void* on_stack[kOnStack];
-  std::vector<const void*> on_heap;
-  const void** src = on_stack;
-  if (c.size > kOnStack) {
-    on_heap.resize(static_cast<size_t>(c.size));
-    src = on_heap.data();
-  }
+  SmallArray<const void*> src(static_cast<size_t>(c.size));
   for (int k = 0; k < c.size; ++k) {
     const int r = (chunk + 1 + k) % c.size;
     src[k] = (r == c.rank && own != nullptr ? own : c.w.buffer(r)) + offset;
   }
-  reduce_many(dst, src, c.size, len, t, op, divisor);
+  reduce_many(dst, src.data(), c.size, len, t, op, divisor);
 }
 
 namespace {
@@ -60,17 +51,10 @@ const uint8_t* own_source(const void* in, const void* out, size_t bytes) {
 void reduce_all_chunks(const Call& c, void* out, size_t count, DType t, RedOp op, int64_t divisor,
                        const uint8_t* own) {
   if (count == 0) return;
-  constexpr int kOnStack = 16;
-  const void* on_stack[kOnStack];
-  std::vector<const void*> on_heap;
-  const void** by_rank = on_stack;
-  if (c.size > kOnStack) {
-    on_heap.resize(static_cast<size_t>(c.size));
-    by_rank = on_heap.data();
-  }
+  SmallArray<const void*> by_rank(static_cast<size_t>(c.size));
   for (int r = 0; r < c.size; ++r) by_rank[r] = r == c.rank && own != nullptr ? own : c.w.buffer(r);
   const size_t chunk = (count + c.size - 1) / c.size;
-  reduce_rotated(out, by_rank, c.size, count, chunk, t, op, divisor);
+  reduce_rotated(out, by_rank.data(), c.size, count, chunk, t, op, divisor);
 }
 
 }  // namespace

@@ -20,9 +20,9 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
-#include <vector>
 
 #include "common/error.h"
+#include "common/small_array.h"
 #include "reduce/half.h"
 #include "reduce/kernels.h"
 #include "reduce/kinds.h"
@@ -602,19 +602,12 @@ void fold_many(void* dst, const void* const* src, int m, size_t at, size_t n, in
     run_reduce<K, Op>(d, at_(src[0]), at_(src[1]), n);
     return;
   }
-  // The sources at `at`, on the stack up to a node's usual rank count.
-  constexpr int kOnStack = 16;
-  const void* on_stack[kOnStack];
-  std::vector<const void*> on_heap;
+  // The sources at `at`.
+  SmallArray<const void*> moved(at == 0 ? 0 : static_cast<size_t>(m));
   const void* const* s = src;
   if (at != 0) {
-    const void** moved = on_stack;
-    if (m > kOnStack) {
-      on_heap.resize(static_cast<size_t>(m));
-      moved = on_heap.data();
-    }
     for (int k = 0; k < m; ++k) moved[k] = at_(src[k]);
-    s = moved;
+    s = moved.data();
   }
   if (divisor == 1) {
     run_reduce_many<K, Op>(d, s, m, n, Identity{});
@@ -637,21 +630,14 @@ void reduce_rotated(void* dst, const void* const* src, int m, size_t n, size_t c
                     RedOp op, int64_t divisor) {
   RR_CHECK(chunk > 0, "ringreduce reduce_rotated: chunks of 0 elements");
   if (!check_many("reduce_rotated", dst, src, m, n, t, op, divisor)) return;
-  constexpr int kOnStack = 16;
-  const void* on_stack[kOnStack];
-  std::vector<const void*> on_heap;
-  const void** order = on_stack;
-  if (m > kOnStack) {
-    on_heap.resize(static_cast<size_t>(m));
-    order = on_heap.data();
-  }
+  SmallArray<const void*> order(static_cast<size_t>(m));
   with_kind_and_op(t, op, "reduce_rotated", [&](auto kind, auto op_tag) {
     // Chunk c's fold starts at source (c + 1) % m: counted along, without a division per source.
     int first = m == 1 ? 0 : 1;
     for (size_t lo = 0; lo < n; lo += std::min(chunk, n - lo)) {
       for (int k = 0, i = first; k < m; ++k, i = i + 1 == m ? 0 : i + 1) order[k] = src[i];
       first = first + 1 == m ? 0 : first + 1;
-      fold_many<decltype(kind), decltype(op_tag)>(dst, order, m, lo, std::min(chunk, n - lo), divisor);
+      fold_many<decltype(kind), decltype(op_tag)>(dst, order.data(), m, lo, std::min(chunk, n - lo), divisor);
     }
   });
 }
