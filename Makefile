@@ -30,7 +30,7 @@ PY := $(VENV)/bin/python
 DEPS_REV := 4# bump when the list of packages below changes, so existing .venvs get them
 DEPS_STAMP := $(VENV)/.deps-torch-$(TORCH_VERSION)-$(DEPS_REV)
 BUILD_STAMP := $(VENV)/.built
-SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.h' -o -name '*.cu') setup.py pyproject.toml build.cfg
+SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name 'hot_path.txt') setup.py pyproject.toml build.cfg
 
 .PHONY: setup build test test-cpp test-py test-torch-suite bench bench-peers clean
 

@@ -87,12 +87,6 @@ def cuda_build_reason():
 with_cuda, reason = cuda_build_reason()
 print(f"ringreduce: {'building' if with_cuda else 'not building'} the CUDA sources: {reason}")
 
-# The torch this build is for, and whether it handles CUDA tensors, readable without loading the
-# extension (see ringreduce/_registration.py).
-with open(os.path.join(ROOT, "ringreduce", "_build_info.py"), "w") as f:
-    f.write(f'"""Written by setup.py."""\n\nTORCH_VERSION = {torch.__version__!r}\n'
-            f'WITH_CUDA = {with_cuda!r}\nCUDA_NOTE = {reason!r}\n')
-
 cxx_flags = [
     "-O3",
     *BUILD["CXX_FLAGS"],  # the numerics every build shares (build.cfg says why)
@@ -110,6 +104,63 @@ cxx_flags = [
     "-DRINGREDUCE_TORCH_MINOR=%d" % (int(torch.__version__.split(".")[0]) * 100
                                      + int(torch.__version__.split(".")[1])),
 ]
+
+HOT_PATH = os.path.join(ROOT, "csrc", "hot_path.txt")
+
+
+def hot_path_link_args():
+    """The link arguments that put the functions csrc/hot_path.txt names (scripts/hot_path.py
+    writes it) together at the start of the module's code, and why not where they are empty.
+
+    A small op runs some 60 functions of the module. Where the linker leaves them, among the
+    module's other code, they lie on as many code pages, which torch's and the interpreter's code
+    between two calls pushes out of the TLB and the caches (docs/results.md, "Where the small
+    op's code lies"). A linker script with INSERT adds an output section before .text to the
+    linker's own script: GNU ld and lld take it. A name the build no longer has matches nothing
+    and its function stays where it was."""
+    if not os.path.exists(HOT_PATH):
+        return [], "no csrc/hot_path.txt"
+    with open(HOT_PATH) as f:
+        names = [line.strip() for line in f if line.strip() and not line.startswith("#")]
+    out_dir = os.path.join(ROOT, "build", "ext")
+    os.makedirs(out_dir, exist_ok=True)
+    script = os.path.join(out_dir, "hot_path.ld")
+    text = ("/* Written by setup.py from csrc/hot_path.txt. */\nSECTIONS\n{\n  .text.ringreduce_hot :\n  {\n"
+            + "".join(f"    *(.text.{n})\n" for n in names) + "  }\n}\nINSERT BEFORE .text;\n")
+    old = open(script).read() if os.path.exists(script) else None
+    if old != text:
+        with open(script, "w") as f:
+            f.write(text)
+    # A trial link with the compiler torch builds with: a linker that cannot take the script
+    # (gold, for one) builds the module as before.
+    import subprocess
+    import tempfile
+
+    cxx = os.environ.get("CXX", "c++")
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "t.cpp")
+        with open(src, "w") as f:
+            f.write("int ringreduce_hot_path_trial(int x) { return x + 1; }\n")
+        r = subprocess.run([cxx, "-shared", "-fPIC", "-ffunction-sections", src, "-o",
+                            os.path.join(tmp, "t.so"), f"-Wl,-T,{script}"], capture_output=True, text=True)
+    if r.returncode != 0:
+        return [], f"the linker did not take the script ({(r.stderr.strip().splitlines() or ['?'])[-1]})"
+    return [f"-Wl,-T,{script}"], f"the {len(names)} names of csrc/hot_path.txt placed first"
+
+
+hot_link_args, hot_note = hot_path_link_args()
+print(f"ringreduce: the small op's code: {hot_note}")
+if hot_link_args:
+    # Each function in a section of its own, which the script can name.
+    cxx_flags.append("-ffunction-sections")
+
+# The torch this build is for, whether it handles CUDA tensors, and where the small op's code
+# lies, readable without loading the extension (see ringreduce/_registration.py).
+with open(os.path.join(ROOT, "ringreduce", "_build_info.py"), "w") as f:
+    f.write(f'"""Written by setup.py."""\n\nTORCH_VERSION = {torch.__version__!r}\n'
+            f'WITH_CUDA = {with_cuda!r}\nCUDA_NOTE = {reason!r}\n'
+            f'HOT_PATH_LINKED = {bool(hot_link_args)!r}\nHOT_PATH_NOTE = {hot_note!r}\n')
+
 
 class BuildExt(cpp_extension.BuildExtension.with_options(use_ninja=True)):
     def finalize_options(self):
@@ -132,6 +183,8 @@ if with_cuda:
             "cxx": cxx_flags,
             "nvcc": BUILD["NVCC_FLAGS"] + ["-std=c++17"],
         },
+        extra_link_args=hot_link_args,
+        depends=[HOT_PATH] if os.path.exists(HOT_PATH) else [],
         libraries=["rt"],
     )
 else:
@@ -140,6 +193,8 @@ else:
         sources=CPU_SOURCES,
         include_dirs=[os.path.join(ROOT, "csrc")],
         extra_compile_args={"cxx": cxx_flags + [f'-DRINGREDUCE_CUDA_NOTE="{cuda_note}"']},
+        extra_link_args=hot_link_args,
+        depends=[HOT_PATH] if os.path.exists(HOT_PATH) else [],
         libraries=["rt"],
     )
 

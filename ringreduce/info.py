@@ -65,6 +65,7 @@ def lines():
         out.append(f"extension: {ext.__file__}, built against torch {ext.torch_version}, "
                    f"{'with' if ext.built_with_cuda else 'without'} CUDA ({_build_info.CUDA_NOTE})")
         out.append(f"CPU loops: {ext.simd_level()}")
+        out.append(f"small op's code: {getattr(_build_info, 'HOT_PATH_NOTE', 'unknown (an older build)')}")
     except ImportError as e:
         out.append(f"extension: cannot be loaded: {e}")
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
