@@ -112,10 +112,10 @@ def hot_path_link_args():
     """The link arguments that put the functions csrc/hot_path.txt names (scripts/hot_path.py
     writes it) together at the start of the module's code, and why not where they are empty.
 
-    A small op runs some 60 functions of the module. Where the linker leaves them, among the
-    module's other code, they lie on as many code pages, which torch's and the interpreter's code
-    between two calls pushes out of the TLB and the caches (docs/results.md, "Where the small
-    op's code lies"). A linker script with INSERT adds an output section before .text to the
+    A small op from Python runs about a hundred functions of the module. Where the linker leaves
+    them, among the module's other code, they lie on some 60 code pages, which torch's and the
+    interpreter's code between two calls pushes out of the TLB and the caches (docs/design.md,
+    "The path of an op"). A linker script with INSERT adds an output section before .text to the
     linker's own script: GNU ld and lld take it. A name the build no longer has matches nothing
     and its function stays where it was."""
     if not os.path.exists(HOT_PATH):
@@ -131,21 +131,27 @@ def hot_path_link_args():
     if old != text:
         with open(script, "w") as f:
             f.write(text)
-    # A trial link with the compiler torch builds with: a linker that cannot take the script
-    # (gold, for one) builds the module as before.
+    args = ["-Xlinker", "-T", "-Xlinker", script]
+    # A trial link: a linker that cannot take the script (gold, for one) builds the module as
+    # before. The real link may still use another (LDFLAGS, sysconfig's LDSHARED): BuildExt links
+    # again without the script where that one refuses it.
+    import shlex
     import subprocess
     import tempfile
 
-    cxx = os.environ.get("CXX", "c++")
+    cxx = shlex.split(os.environ.get("CXX", "c++")) + shlex.split(os.environ.get("LDFLAGS", ""))
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "t.cpp")
         with open(src, "w") as f:
             f.write("int ringreduce_hot_path_trial(int x) { return x + 1; }\n")
-        r = subprocess.run([cxx, "-shared", "-fPIC", "-ffunction-sections", src, "-o",
-                            os.path.join(tmp, "t.so"), f"-Wl,-T,{script}"], capture_output=True, text=True)
+        try:
+            r = subprocess.run(cxx + ["-shared", "-fPIC", "-ffunction-sections", src, "-o",
+                                      os.path.join(tmp, "t.so"), *args], capture_output=True, text=True)
+        except OSError as e:
+            return [], f"no trial link ({e})"
     if r.returncode != 0:
         return [], f"the linker did not take the script ({(r.stderr.strip().splitlines() or ['?'])[-1]})"
-    return [f"-Wl,-T,{script}"], f"the {len(names)} names of csrc/hot_path.txt placed first"
+    return args, f"the {len(names)} names of csrc/hot_path.txt placed first"
 
 
 hot_link_args, hot_note = hot_path_link_args()
@@ -154,15 +160,37 @@ if hot_link_args:
     # Each function in a section of its own, which the script can name.
     cxx_flags.append("-ffunction-sections")
 
-# The torch this build is for, whether it handles CUDA tensors, and where the small op's code
-# lies, readable without loading the extension (see ringreduce/_registration.py).
-with open(os.path.join(ROOT, "ringreduce", "_build_info.py"), "w") as f:
-    f.write(f'"""Written by setup.py."""\n\nTORCH_VERSION = {torch.__version__!r}\n'
-            f'WITH_CUDA = {with_cuda!r}\nCUDA_NOTE = {reason!r}\n'
-            f'HOT_PATH_LINKED = {bool(hot_link_args)!r}\nHOT_PATH_NOTE = {hot_note!r}\n')
+
+def write_build_info(hot_linked: bool, note: str) -> None:
+    """The torch this build is for, whether it handles CUDA tensors, and where the small op's code
+    lies, readable without loading the extension (see ringreduce/_registration.py)."""
+    with open(os.path.join(ROOT, "ringreduce", "_build_info.py"), "w") as f:
+        f.write(f'"""Written by setup.py."""\n\nTORCH_VERSION = {torch.__version__!r}\n'
+                f'WITH_CUDA = {with_cuda!r}\nCUDA_NOTE = {reason!r}\n'
+                f'HOT_PATH_LINKED = {hot_linked!r}\nHOT_PATH_NOTE = {note!r}\n')
+
+
+write_build_info(bool(hot_link_args), hot_note)
 
 
 class BuildExt(cpp_extension.BuildExtension.with_options(use_ninja=True)):
+    def build_extension(self, ext):
+        from setuptools.errors import LinkError
+
+        try:
+            super().build_extension(ext)
+        except LinkError as e:
+            args = list(ext.extra_link_args)
+            at = next((i for i in range(len(args)) if args[i:i + len(hot_link_args)] == hot_link_args), None)
+            if not hot_link_args or at is None:
+                raise
+            # Objects built with -ffunction-sections link as well without the script.
+            note = "the module's link refused the script: built without it"
+            print(f"ringreduce: the small op's code: {note} ({e})")
+            ext.extra_link_args = args[:at] + args[at + len(hot_link_args):]
+            write_build_info(False, note)
+            super().build_extension(ext)
+
     def finalize_options(self):
         super().finalize_options()
         # pip's editable builds compile in a fresh temporary directory every time; a fixed one

@@ -58,7 +58,10 @@ def run(python: str, driver: str, path: str, n: int, out: str, port: int) -> Non
     try:
         subprocess.run(["valgrind", "--tool=callgrind", "--demangle=no", f"--callgrind-out-file={out}",
                         python, driver, "1", str(n), path, str(port)],
-                       env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                       env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    except BaseException:
+        peer.kill()  # its peer is gone: it would wait for it until its timeout
+        raise
     finally:
         peer.wait(timeout=600)
 
